@@ -1,0 +1,80 @@
+"""The project's exception types.
+
+Every error a user can cause (a malformed graph, a wrong config, an impossible
+placement, an unreachable reward server, a NaN reward, a corrupt checkpoint)
+is raised as one of these, with a message that names what is wrong and how to
+fix it. Catch :class:`HybridflowError` to catch them all.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "HybridflowError",
+    "GraphError",
+    "GraphValidationError",
+    "TraceError",
+    "OpError",
+    "ConfigError",
+    "PlacementError",
+    "PlanError",
+    "ExecutionError",
+    "RewardError",
+    "DataError",
+    "CheckpointError",
+]
+
+
+class HybridflowError(Exception):
+    """Base of every error hybridflow raises on purpose."""
+
+
+class GraphError(HybridflowError):
+    """A graph cannot be built, read or written (malformed JSON or text form, bad record)."""
+
+
+class GraphValidationError(GraphError):
+    """A graph is well formed but wrong: a cycle, a missing field, a type mismatch, ...
+
+    ``node`` and ``field`` name the offending node and field where there is one.
+    """
+
+    def __init__(self, message: str, *, node: str | None = None, field: str | None = None, hint: str | None = None):
+        self.node, self.field, self.hint = node, field, hint
+        where = " ".join(p for p in (f"node {node!r}" if node else "", f"field {field!r}" if field else "") if p)
+        text = f"{where}: {message}" if where else message
+        super().__init__(f"{text}\n  hint: {hint}" if hint else text)
+
+
+class TraceError(GraphError):
+    """The algorithm function could not be traced into a graph."""
+
+
+class OpError(HybridflowError):
+    """An op is unknown, or was called with the wrong fields or attributes."""
+
+
+class ConfigError(HybridflowError, ValueError):
+    """A configuration value is invalid; the message names the field path."""
+
+
+class PlacementError(HybridflowError):
+    """No placement satisfies the constraints (memory, divisibility, device count)."""
+
+
+class PlanError(HybridflowError):
+    """An ExecutionPlan is malformed, or a compiler pass broke one of its invariants."""
+
+
+class ExecutionError(HybridflowError):
+    """An op failed while running a plan; names the op, node, role and device."""
+
+
+class RewardError(HybridflowError):
+    """A reward source failed: unreachable server, malformed reply, NaN score."""
+
+
+class DataError(HybridflowError):
+    """A dataset is missing, unreadable, or lacks a required column."""
+
+
+class CheckpointError(HybridflowError):
+    """A checkpoint is missing, partial or corrupt."""

@@ -1,0 +1,182 @@
+"""One registry of RL operators, keyed by name.
+
+Every op in :mod:`hybridflow_ops` is a pure function of tensors. Registering it
+records which *fields* it reads and writes, each with a dtype and symbolic dims
+(``"advantages: float32[B, R]"``), so that the graph layer can type-check
+``compute`` and ``update`` nodes without running anything.
+
+An op's positional parameters correspond, in order, to ``model_inputs`` (fields
+the model under training produces inside an update: ``log_probs``,
+``value_preds``, ``entropy``) followed by ``inputs`` (fields read from graph
+values). Its keyword-only parameters are its hyper-parameters (``attrs``). Its
+result is a named tuple whose first ``len(outputs)`` entries are the outputs in
+order; loss ops return ``loss`` first and may add scalar metrics after it.
+
+This module imports nothing from ``hybridflow``.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+__all__ = [
+    "FieldSpec",
+    "OpSpec",
+    "OpRegistryError",
+    "register_op",
+    "get_op",
+    "has_op",
+    "list_ops",
+    "unregister_op",
+]
+
+OP_KINDS = ("compute", "loss", "reward")
+DTYPES = ("float32", "float64", "bfloat16", "float16", "int64", "int32", "bool", "str", "object")
+
+_FIELD_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([A-Za-z0-9_]+)\s*(?:\[([^\]]*)\])?\s*$")
+_DIM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\s*\*\s*[A-Za-z0-9_]+)*$|^[0-9]+$")
+
+
+class OpRegistryError(ValueError):
+    """A malformed field declaration, a duplicate op name, or an unknown op."""
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """A named, typed field of a batch: ``name: dtype[dim, ...]``.
+
+    Dims are symbols (``B``, ``R``), integers, or products (``B*n``). A
+    field with no dims is a scalar per batch.
+    """
+
+    name: str
+    dtype: str
+    dims: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: "str | FieldSpec") -> "FieldSpec":
+        """Parse ``"advantages: float32[B, R]"``; a FieldSpec passes through."""
+        if isinstance(text, FieldSpec):
+            return text
+        if not isinstance(text, str):
+            raise OpRegistryError(f"field declaration must be a string like 'scores: float32[B]', got {text!r}")
+        match = _FIELD_RE.match(text)
+        if not match:
+            raise OpRegistryError(
+                f"cannot parse field declaration {text!r}; write it as 'name: dtype[dim, ...]', "
+                "e.g. 'advantages: float32[B, R]'"
+            )
+        name, dtype, dims_text = match.groups()
+        if dtype not in DTYPES:
+            raise OpRegistryError(f"field {name!r} has unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        dims: tuple[str, ...] = ()
+        if dims_text is not None and dims_text.strip():
+            dims = tuple(re.sub(r"\s+", "", d) for d in dims_text.split(","))
+            for dim in dims:
+                if not _DIM_RE.match(dim):
+                    raise OpRegistryError(f"field {name!r} has a malformed dim {dim!r}; use a symbol, an integer or a product like 'B*n'")
+        return cls(name=name, dtype=dtype, dims=dims)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.dtype}[{', '.join(self.dims)}]" if self.dims else f"{self.name}: {self.dtype}"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """What the registry knows of one op."""
+
+    name: str
+    fn: Callable
+    kind: str
+    inputs: tuple[FieldSpec, ...]
+    outputs: tuple[FieldSpec, ...]
+    model_inputs: tuple[FieldSpec, ...] = ()
+    attrs: tuple[str, ...] = ()
+    attr_defaults: tuple[tuple[str, object], ...] = ()
+    doc: str = ""
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.outputs)
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def _keyword_attrs(fn: Callable, n_positional: int, name: str) -> tuple[tuple[str, ...], tuple[tuple[str, object], ...]]:
+    sig = inspect.signature(fn)
+    positional = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) != n_positional:
+        raise OpRegistryError(
+            f"op {name!r}: the function takes {len(positional)} positional tensors "
+            f"({', '.join(p.name for p in positional)}) but {n_positional} fields were declared; "
+            "declare one field per positional parameter, in order (model_inputs first)"
+        )
+    kw = [p for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY]
+    defaults = tuple((p.name, p.default) for p in kw if p.default is not p.empty)
+    return tuple(p.name for p in kw), defaults
+
+
+def register_op(
+    name: str,
+    *,
+    inputs: tuple = (),
+    outputs: tuple = (),
+    model_inputs: tuple = (),
+    kind: str = "compute",
+    replace: bool = False,
+) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn`` under ``name`` with its typed fields.
+
+    >>> @register_op("my_adv", inputs=("scores: float32[B]",), outputs=("advantages: float32[B]",))
+    ... def my_adv(scores, *, scale=1.0): ...
+    """
+    if kind not in OP_KINDS:
+        raise OpRegistryError(f"op {name!r}: kind must be one of {OP_KINDS}, got {kind!r}")
+    in_specs = tuple(FieldSpec.parse(f) for f in inputs)
+    out_specs = tuple(FieldSpec.parse(f) for f in outputs)
+    model_specs = tuple(FieldSpec.parse(f) for f in model_inputs)
+    if not out_specs:
+        raise OpRegistryError(f"op {name!r} declares no outputs; every op must produce at least one field")
+
+    def decorate(fn: Callable) -> Callable:
+        if name in _REGISTRY and not replace:
+            raise OpRegistryError(f"op {name!r} is already registered (by {_REGISTRY[name].fn.__module__}); pick another name or pass replace=True")
+        attrs, defaults = _keyword_attrs(fn, len(model_specs) + len(in_specs), name)
+        _REGISTRY[name] = OpSpec(
+            name=name, fn=fn, kind=kind, inputs=in_specs, outputs=out_specs,
+            model_inputs=model_specs, attrs=attrs, attr_defaults=defaults,
+            doc=inspect.getdoc(fn) or "",
+        )
+        return fn
+
+    return decorate
+
+
+def get_op(name: str) -> OpSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "(none)"
+        raise OpRegistryError(f"unknown op {name!r}; registered ops are: {known}. Register your own with @hybridflow_ops.register_op") from None
+
+
+def has_op(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def unregister_op(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def list_ops(kind: str | None = None) -> Iterator[OpSpec]:
+    return iter(sorted((s for s in _REGISTRY.values() if kind is None or s.kind == kind), key=lambda s: s.name))
