@@ -1,0 +1,13 @@
+#!/bin/sh
+# Make sure Graphviz's `dot` program is present; hybridflow's drawings use it to render SVG.
+# Without it, `hybridflow viz` still writes the .dot files and says how to install it.
+command -v dot >/dev/null 2>&1 && exit 0
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing Graphviz (dot) from Debian's packages ..."
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null) \
+        || echo "warning: apt-get could not install graphviz; drawings will be written as .dot only" >&2
+else
+    echo "note: Graphviz's 'dot' is missing; drawings will be written as .dot only." >&2
+    echo "      install it with: sudo apt-get install graphviz | brew install graphviz | conda install -c conda-forge graphviz" >&2
+fi
+exit 0
