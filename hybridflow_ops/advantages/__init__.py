@@ -1,0 +1,17 @@
+"""Advantage estimators: GAE, GRPO / Dr.GRPO, RLOO, REINFORCE++ (and its baseline variant), ReMax.
+
+Importing this package registers the ops ``gae``, ``grpo_advantage``,
+``rloo_advantage``, ``reinforce_pp_advantage``,
+``reinforce_pp_baseline_advantage`` and ``remax_advantage``.
+"""
+from .gae import GAEResult, gae
+from .group import Advantages, GroupStats, group_stats, grpo_advantage, reinforce_pp_baseline_advantage, rloo_advantage
+from .reinforce_pp import ReinforcePPResult, discounted_returns, reinforce_pp_advantage
+from .remax import ReMaxResult, remax_advantage
+
+__all__ = [
+    "GAEResult", "gae",
+    "Advantages", "GroupStats", "group_stats", "grpo_advantage", "rloo_advantage", "reinforce_pp_baseline_advantage",
+    "ReinforcePPResult", "discounted_returns", "reinforce_pp_advantage",
+    "ReMaxResult", "remax_advantage",
+]
