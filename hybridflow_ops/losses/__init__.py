@@ -1,0 +1,19 @@
+"""Loss ops (policy, value, entropy, KL) and the loss aggregation modes.
+
+Importing this package registers the loss ops ``ppo_clip``, ``ppo_clip_is``,
+``gspo``, ``kl_loss``, ``value_clip``, ``entropy_bonus`` and the compute op
+``truncated_is_weight``.
+"""
+from .aggregate import LOSS_AGG_MODES, aggregate_loss, count_seqs, count_tokens
+from .entropy import EntropyLoss, entropy_bonus, entropy_from_logits
+from .kl_loss import KLLoss, kl_loss
+from .policy import GSPOLoss, ISWeights, PolicyLoss, gspo, ppo_clip, ppo_clip_is, truncated_is_weight
+from .value import ValueLoss, value_clip
+
+__all__ = [
+    "LOSS_AGG_MODES", "aggregate_loss", "count_seqs", "count_tokens",
+    "EntropyLoss", "entropy_bonus", "entropy_from_logits",
+    "KLLoss", "kl_loss",
+    "GSPOLoss", "ISWeights", "PolicyLoss", "gspo", "ppo_clip", "ppo_clip_is", "truncated_is_weight",
+    "ValueLoss", "value_clip",
+]

@@ -1,0 +1,41 @@
+"""Shared checks and helpers of the loss ops."""
+from __future__ import annotations
+
+import torch
+
+from ..masked import masked_mean
+
+__all__ = ["check_loss_inputs", "select_valid", "token_metric", "clamped_exp", "LOG_RATIO_CLAMP"]
+
+# Log-ratios are clamped before exp so that one token cannot overflow the loss (as verl does).
+LOG_RATIO_CLAMP = 20.0
+
+
+def check_loss_inputs(mask: torch.Tensor, **tensors: torch.Tensor) -> torch.Tensor:
+    """Check every tensor has ``mask``'s ``(b, r)`` shape; return the boolean mask."""
+    if mask.dim() != 2:
+        raise ValueError(f"response_mask must be (batch, response_len), got shape {tuple(mask.shape)}")
+    for name, tensor in tensors.items():
+        if tensor.shape != mask.shape:
+            raise ValueError(f"{name} of shape {tuple(tensor.shape)} must match response_mask of shape {tuple(mask.shape)}")
+    return mask.to(torch.bool)
+
+
+def select_valid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``values`` with padding replaced by 0.
+
+    Applied to the *inputs* of a loss, so that nan/inf at padding reaches
+    neither the loss nor the gradient (the gradient at padding is exactly 0).
+    """
+    return torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def token_metric(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Detached mean of ``values`` over this batch's valid tokens (a scalar for logging)."""
+    values = values.detach()
+    return masked_mean(values if values.is_floating_point() else values.float(), valid)
+
+
+def clamped_exp(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``exp(clamp(log_ratio, -20, 20))``."""
+    return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
