@@ -15,6 +15,7 @@ from .losses import (
     aggregate_loss, entropy_bonus, entropy_from_logits, gspo, kl_loss, ppo_clip, ppo_clip_is, truncated_is_weight,
     value_clip,
 )
+from .logprob import TokenLogProbs, token_logprobs_from_hidden, token_logprobs_from_logits
 
 __all__ = [
     "FieldSpec", "OpRegistryError", "OpSpec", "get_op", "has_op", "list_ops", "register_op", "unregister_op",
@@ -23,4 +24,5 @@ __all__ = [
     "gae", "grpo_advantage", "reinforce_pp_advantage", "reinforce_pp_baseline_advantage", "remax_advantage", "rloo_advantage",
     "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "ppo_clip", "ppo_clip_is",
     "truncated_is_weight", "value_clip",
+    "TokenLogProbs", "token_logprobs_from_hidden", "token_logprobs_from_logits",
 ]
