@@ -45,7 +45,8 @@ def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
 
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     ref_minus_logp = (-log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return (ref_minus_logp.exp() - ref_minus_logp - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
+    # expm1(y) - y rather than exp(y) - y - 1: exact near y = 0, where the latter rounds to small negatives.
+    return (torch.expm1(ref_minus_logp) - ref_minus_logp).clamp(-K3_CLAMP, K3_CLAMP)
 
 
 KL_TYPES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -30,10 +30,15 @@ def select_valid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
-def token_metric(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Detached mean of ``values`` over this batch's valid tokens (a scalar for logging)."""
+def token_metric(values: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Detached mean of ``values`` over this batch's valid tokens (a scalar for logging).
+
+    Boolean indicators (e.g. "was clipped") become fractions in ``dtype`` (float32 when None).
+    """
     values = values.detach()
-    return masked_mean(values if values.is_floating_point() else values.float(), valid)
+    if not values.is_floating_point():
+        values = values.to(dtype or torch.float32)
+    return masked_mean(values, valid)
 
 
 def clamped_exp(log_ratio: torch.Tensor) -> torch.Tensor:

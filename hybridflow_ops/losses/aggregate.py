@@ -45,8 +45,8 @@ def _denominator(given, default: torch.Tensor, name: str, like: torch.Tensor) ->
     value = default if given is None else torch.as_tensor(given, dtype=like.dtype, device=like.device)
     if value.numel() != 1:
         raise ValueError(f"{name} must be a scalar count, got a tensor of shape {tuple(value.shape)}")
-    if given is not None and bool(value <= 0):
-        raise ValueError(f"{name} must be positive (the count of the whole batch), got {float(value)}")
+    if given is not None and bool(value < 0):
+        raise ValueError(f"{name} must be >= 0 (the count of the whole batch), got {float(value)}")
     # A batch with no valid token gives 0 / 1 = 0 rather than nan.
     return value.to(like.dtype).clamp(min=1.0)
 

@@ -27,7 +27,9 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty vocabulary dim, got shape {tuple(logits.shape)}")
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-    log_p = x - torch.logsumexp(x, dim=-1, keepdim=True)
+    # Shifting by the (detached) max first keeps log p exact near the top logits even when they are large.
+    shifted = x - x.detach().amax(dim=-1, keepdim=True)
+    log_p = shifted - torch.logsumexp(shifted, dim=-1, keepdim=True)
     # 0 * (-inf) would be nan; clamping log p to the most negative finite value makes it 0 * finite = 0.
     return -(log_p.exp() * log_p.clamp(min=torch.finfo(log_p.dtype).min)).sum(dim=-1)
 

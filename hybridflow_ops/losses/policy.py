@@ -71,8 +71,8 @@ def _ppo_token_loss(log_probs, old_log_probs, advantages, valid, clip_low, clip_
 def _policy_loss(loss_mat, log_ratio, was_clipped, lower, valid, response_mask, agg) -> PolicyLoss:
     return PolicyLoss(
         loss=aggregate_loss(loss_mat, response_mask, **agg),
-        pg_clipfrac=token_metric(was_clipped, valid),
-        pg_clipfrac_lower=token_metric(lower, valid),
+        pg_clipfrac=token_metric(was_clipped, valid, loss_mat.dtype),
+        pg_clipfrac_lower=token_metric(lower, valid, loss_mat.dtype),
         ppo_kl=token_metric(-log_ratio, valid),
     )
 
@@ -192,7 +192,7 @@ def gspo(
         loss=aggregate_loss(
             loss_mat, response_mask, mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
         ),
-        pg_clipfrac=token_metric(was_clipped, valid),
+        pg_clipfrac=token_metric(was_clipped, valid, loss_mat.dtype),
         ppo_kl=token_metric(-log_ratio, valid),
     )
 

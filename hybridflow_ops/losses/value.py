@@ -65,6 +65,6 @@ def value_clip(
         loss=aggregate_loss(
             loss_mat, response_mask, mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
         ),
-        vf_clipfrac=token_metric(clipped_sq > unclipped_sq, valid),
+        vf_clipfrac=token_metric(clipped_sq > unclipped_sq, valid, loss_mat.dtype),
         vpred_mean=token_metric(preds, valid),
     )
