@@ -1,0 +1,138 @@
+"""The rollout engine on transformers models: sampling with a KV cache, on CPU or one GPU.
+
+``generate`` takes a batch of left-padded prompts (``prompt_ids``,
+``prompt_mask`` and any other fields: ground truths, data sources, ...),
+repeats each prompt ``n`` times, decodes (:func:`.decode.decode`) and returns
+the repeated batch with
+
+- ``response_ids`` int64[B, R] right-padded with the pad id to ``R = max_new_tokens``,
+- ``response_mask`` float32[B, R]: 1 up to and including the first EOS, 0 after,
+- ``rollout_log_probs`` float32[B, R]: ``log_softmax(logits / T)`` of each sampled token,
+  before top-k/top-p truncation (see :mod:`.sampling`), 0 at padding,
+- ``group_index`` int64[B]: the prompt each response belongs to (row of the input batch),
+- ``responses`` (column): the decoded text of each response, final EOS stripped.
+
+The engine may share its module with the actor's train engine (colocated, same
+device: weights are shared and :meth:`load_weights` has nothing to copy) or
+hold its own copy, updated by :meth:`load_weights` after each training step.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from hybridflow.errors import ExecutionError
+
+from ..batch import Batch
+from .decode import decode
+from .sampling import SamplingParams
+from .text import decode_responses
+
+__all__ = ["HFRolloutEngine"]
+
+
+def _special_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+class HFRolloutEngine:
+    """Generates responses with a transformers causal LM.
+
+    Args:
+        model: a ``*ForCausalLM`` module (moved to ``device``).
+        tokenizer: decodes the ``responses`` text column (None: no text column).
+        sampling: default :class:`SamplingParams` of :meth:`generate`.
+        eos_token_ids / pad_token_id: default from the model's generation config, then its
+            config, then the tokenizer.
+        device: where to generate (default: where the model's parameters are).
+        micro_batch_size: prompts (after repetition) decoded at once; None = all.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, tokenizer=None, sampling: SamplingParams | None = None,
+                 eos_token_ids: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                 device: str | torch.device | None = None, micro_batch_size: int | None = None):
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingParams()
+        self.micro_batch_size = micro_batch_size
+        self.eos_token_ids = _special_ids(eos_token_ids) or self._model_special("eos_token_id")
+        found_pad = pad_token_id if pad_token_id is not None else (self._model_special("pad_token_id") or (None,))[0]
+        if found_pad is None:
+            found_pad = self.eos_token_ids[0] if self.eos_token_ids else 0
+        self.pad_token_id = int(found_pad)
+        self._generators: dict[int, torch.Generator] = {}
+
+    def _model_special(self, name: str) -> tuple[int, ...]:
+        for source in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None), self.tokenizer):
+            ids = _special_ids(getattr(source, name, None))
+            if ids:
+                return ids
+        return ()
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        """The engine's generator for ``seed``: seeded on first use, then continued across calls."""
+        if seed is None:
+            return None
+        if seed not in self._generators:
+            self._generators[seed] = torch.Generator(device=self.device).manual_seed(seed)
+        return self._generators[seed]
+
+    def generate(self, batch: Batch, sampling: SamplingParams | None = None) -> Batch:
+        """Responses for every prompt of ``batch`` (``n`` each); see the module docstring for the fields.
+
+        With a ``seed``, the engine's generator for that seed is created on the first call and
+        continues on later ones: a run is reproducible and successive calls draw fresh samples.
+        """
+        params = sampling or self.sampling
+        if "prompt_ids" not in batch or "prompt_mask" not in batch:
+            raise ExecutionError(f"generate needs prompt_ids and prompt_mask in the batch; it has {batch.keys()}")
+        repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
+        generator = self._generator(params.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [self._decode(piece, params, generator) for piece in self._pieces(repeated)]
+        finally:
+            self.model.train(was_training)
+        fields = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
+        if self.tokenizer is not None:
+            fields["responses"] = decode_responses(self.tokenizer, fields["response_ids"], fields["response_mask"],
+                                                   self.eos_token_ids)
+        return repeated.with_fields(**fields)
+
+    def _pieces(self, batch: Batch) -> list[Batch]:
+        return batch.split(self.micro_batch_size) if self.micro_batch_size else [batch]
+
+    def _decode(self, piece: Batch, params: SamplingParams, generator) -> dict[str, torch.Tensor]:
+        out = decode(self.model, piece["prompt_ids"].to(self.device), piece["prompt_mask"].to(self.device), params,
+                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator)
+        return {"response_ids": out.response_ids.cpu(), "response_mask": out.response_mask.cpu(),
+                "rollout_log_probs": out.log_probs.cpu()}
+
+    @torch.no_grad()
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy named tensors (a state dict, or ``(name, tensor)`` pairs) into the model; returns how many were copied.
+
+        A tensor that already is the model's own (shared module) is skipped. An unknown name
+        or a shape mismatch raises ExecutionError naming it.
+        """
+        own = self.model.state_dict(keep_vars=True)
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        copied = 0
+        for name, tensor in items:
+            target = own.get(name)
+            if target is None:
+                raise ExecutionError(f"weight sync: the rollout model has no parameter {name!r} "
+                                     f"(it has e.g. {list(own)[:3]}); train and rollout models must share names")
+            if target.shape != tensor.shape:
+                raise ExecutionError(f"weight sync: {name!r} has shape {tuple(tensor.shape)} but the rollout model "
+                                     f"expects {tuple(target.shape)}")
+            if target.data_ptr() == tensor.data_ptr() and target.device == tensor.device:
+                continue
+            target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+            copied += 1
+        return copied
