@@ -10,4 +10,23 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 from .errors import HybridflowError
 
-__all__ = ["__version__", "HybridflowError"]
+__all__ = ["__version__", "HybridflowError", "algorithm", "compute", "loss", "register_op"]
+
+# The DSL, resolved on first use so that `import hybridflow` (and `hybridflow --help`) stays light.
+_LAZY = {
+    "algorithm": ("hybridflow.graph", "algorithm"),
+    "compute": ("hybridflow.graph", "compute"),
+    "loss": ("hybridflow.graph", "loss"),
+    "register_op": ("hybridflow_ops.registry", "register_op"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hybridflow' has no attribute {name!r}")

@@ -1,0 +1,46 @@
+"""Graph analysis through networkx: the view, cycles, ancestors."""
+from __future__ import annotations
+
+import networkx as nx
+
+from .ir import Graph
+
+__all__ = ["to_networkx", "find_cycle", "ancestors"]
+
+
+def to_networkx(graph: Graph) -> nx.DiGraph:
+    """One vertex per graph input and node; one edge per (producer, consumer) pair.
+
+    Vertex attributes: ``kind`` ("input" for graph inputs, "missing" for a
+    producer a node names but the graph lacks), ``role``, ``op``. Edge
+    attribute ``fields``: tuple of ``(consumer field, producer field)`` pairs.
+    """
+    view = nx.DiGraph(name=graph.name)
+    for graph_input in graph.inputs:
+        view.add_node(graph_input.name, kind="input", role=None, op=None)
+    for node in graph.nodes:
+        view.add_node(node.name, kind=node.kind, role=node.role, op=node.op)
+    for node in graph.nodes:
+        for item in node.inputs:
+            if item.source not in view:
+                view.add_node(item.source, kind="missing", role=None, op=None)
+            if view.has_edge(item.source, node.name):
+                view.edges[item.source, node.name]["fields"] += ((item.name, item.field),)
+            else:
+                view.add_edge(item.source, node.name, fields=((item.name, item.field),))
+    return view
+
+
+def find_cycle(graph: Graph) -> list[str] | None:
+    """The node names of one cycle (first == last), or None when the graph is acyclic."""
+    try:
+        edges = nx.find_cycle(to_networkx(graph))
+    except nx.NetworkXNoCycle:
+        return None
+    return [u for u, _ in edges] + [edges[0][0]]
+
+
+def ancestors(graph: Graph, name: str) -> set[str]:
+    """Every producer ``name`` depends on, directly or not."""
+    view = to_networkx(graph)
+    return set(nx.ancestors(view, name)) if name in view else set()
