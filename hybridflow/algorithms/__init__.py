@@ -1,0 +1,31 @@
+"""The standard RL algorithms as graphs, one file each, and the table that names them.
+
+``ALGORITHMS["grpo"].build(n=4)`` makes GRPO's graph. Trainers for these
+algorithms live alongside (added separately); this module imports only the
+graph definitions.
+"""
+from __future__ import annotations
+
+from ..errors import GraphError
+from ..graph import Algorithm
+from .grpo import grpo
+from .ppo import ppo
+from .reinforce_pp import reinforce_pp
+from .remax import remax
+from .rloo import rloo
+from .safe_rlhf import safe_rlhf
+
+__all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "rloo", "reinforce_pp", "remax", "safe_rlhf"]
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": ppo, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
+}
+"""Algorithm name -> its traceable definition."""
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The standard algorithm called ``name``; GraphError listing the known names otherwise."""
+    try:
+        return ALGORITHMS[name]
+    except (KeyError, TypeError):
+        raise GraphError(f"unknown algorithm {name!r}; the standard algorithms are {', '.join(ALGORITHMS)}") from None

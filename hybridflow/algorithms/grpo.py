@@ -1,0 +1,27 @@
+"""GRPO: n responses per prompt, advantages normalised within each group, no critic.
+
+Shao et al. 2024 (DeepSeekMath), sec. 4.1: ``A_i = (s_i - mean(s_group)) / std(s_group)``
+on every token, with the KL to the reference as a loss term (``kl_loss``;
+set ``kl_loss=False`` to drop it and the reference model).
+
+Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training") is
+``grpo.build(norm_by_std=False, loss_agg_mode="seq-mean-token-sum-norm")``:
+no division by the group's std, and a constant length normaliser.
+"""
+from __future__ import annotations
+
+import hybridflow as hf
+
+
+@hf.algorithm
+def grpo(prompts, actor, ref, reward, *, n=8, norm_by_std=True, clip_ratio=0.2, kl_loss=True, kl_coef=0.001,
+         kl_type="low_var_kl", loss_agg_mode="token-mean"):
+    rollout = actor.generate(prompts, n=n)
+    old_logp = actor.logprob(rollout)
+    adv = hf.compute("grpo_advantage", rollout, reward.score(rollout), norm_by_std=norm_by_std)
+    policy_loss = hf.loss("ppo_clip", clip_low=clip_ratio, clip_high=clip_ratio, loss_agg_mode=loss_agg_mode)
+    inputs = [rollout, adv, old_logp]
+    if kl_loss:
+        inputs.append(ref.logprob(rollout))
+        policy_loss += hf.loss("kl_loss", weight=kl_coef, kl_type=kl_type, loss_agg_mode=loss_agg_mode)
+    actor.update(*inputs, loss=policy_loss)
