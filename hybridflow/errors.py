@@ -20,6 +20,8 @@ __all__ = [
     "RewardError",
     "DataError",
     "CheckpointError",
+    "ModelLoadError",
+    "BatchError",
 ]
 
 
@@ -78,3 +80,11 @@ class DataError(HybridflowError):
 
 class CheckpointError(HybridflowError):
     """A checkpoint is missing, partial or corrupt."""
+
+
+class ModelLoadError(HybridflowError):
+    """A model or tokenizer cannot be loaded: missing folder, unreachable hub, unreadable files."""
+
+
+class BatchError(HybridflowError):
+    """A Batch operation got mismatched lengths, a missing field, or conflicting field values."""
