@@ -61,29 +61,30 @@ def _chunk_forward(z: torch.Tensor, ids: torch.Tensor, scratch: torch.Tensor | N
     """
     chosen = z.gather(1, ids[:, None]).squeeze(1)
     m = z.amax(dim=1, keepdim=True)
-    shifted = z.sub_(m).clamp_(min=torch.finfo(z.dtype).min)  # -inf -> finite, so 0 * shifted = 0
-    e = torch.exp(shifted, out=scratch) if scratch is not None else shifted.exp_()
+    shifted = z.sub_(m)
+    if scratch is None:
+        lse = m.squeeze(1) + shifted.exp_().sum(dim=1).log_()
+        return lse, chosen - lse, None
+    shifted.clamp_(min=torch.finfo(z.dtype).min)  # -inf -> finite, so that 0 * shifted = 0
+    e = torch.exp(shifted, out=scratch)
     total = e.sum(dim=1)
     log_s = total.log()
     lse = m.squeeze(1) + log_s
-    if scratch is None:
-        return lse, chosen - lse, None
     entropy = log_s - e.mul_(shifted).sum(dim=1) / total
     return lse, chosen - lse, entropy
 
 
-def _chunk_grad_logits(z, ids, lse, entropy, grad_lp, grad_ent, scratch) -> torch.Tensor:
-    """``grad_z = g (onehot - p) - g_H p (log p + H)`` for the rows of ``z`` ``(c, v)``.
+def _chunk_grad_logits(log_p, ids, entropy, grad_lp, grad_ent, scratch) -> torch.Tensor:
+    """``grad_z = g (onehot - p) - g_H p (log p + H)`` for the rows of ``log_p = z - lse`` ``(c, v)``.
 
-    ``lse``, ``entropy``, ``grad_lp`` (``g``), ``grad_ent`` (``g_H``) are ``(c,)``; a gradient is
-    None when that output got none. ``z`` and ``scratch`` (``(c, v)``, used only with ``g_H``) are
+    ``entropy``, ``grad_lp`` (``g``), ``grad_ent`` (``g_H``) are ``(c,)``; a gradient is None when
+    that output got none. ``log_p`` and ``scratch`` (``(c, v)``, used only with ``g_H``) are
     overwritten; the result lives in one of them.
     """
-    log_p = z.sub_(lse[:, None])
     if grad_ent is None:
         grad = log_p.exp_().mul_(-grad_lp[:, None])
     else:
-        log_p.clamp_(min=torch.finfo(z.dtype).min)
+        log_p.clamp_(min=torch.finfo(log_p.dtype).min)
         p = torch.exp(log_p, out=scratch)
         grad = log_p.add_(entropy[:, None]).mul_(p).mul_(-grad_ent[:, None])  # p = 0 -> 0
         if grad_lp is not None:
@@ -147,8 +148,8 @@ class _LogitsLogProbs(torch.autograd.Function):
         buf, scratch = _workspace(min(ctx.chunk_size, n), vocab, cdt, logits.device, grad_ent is not None)
         grad_logits = torch.empty_like(logits)
         for s, e in _chunks(n, ctx.chunk_size):
-            z = _scaled(buf[: e - s].copy_(logits[s:e]), temp)
-            g = _chunk_grad_logits(z, ids[s:e], lse[s:e], None if entropy is None else entropy[s:e],
+            log_p = _scaled(buf[: e - s].copy_(logits[s:e]), temp).sub_(lse[s:e, None])
+            g = _chunk_grad_logits(log_p, ids[s:e], None if entropy is None else entropy[s:e],
                                    None if grad_lp is None else grad_lp[s:e].to(cdt),
                                    None if grad_ent is None else grad_ent[s:e].to(cdt),
                                    None if scratch is None else scratch[: e - s])
@@ -218,8 +219,8 @@ class _HiddenLogProbs(torch.autograd.Function):
         grad_b = torch.zeros(vocab, dtype=cdt, device=weight.device) if need_b else None
         for s, e in _chunks(n, ctx.chunk_size):
             h = hidden[s:e].to(cdt)
-            z = _scaled(_lm_head(h, w, b, out=buf[: e - s]), temp)
-            g = _chunk_grad_logits(z, ids[s:e], lse[s:e], None if entropy is None else entropy[s:e],
+            log_p = _log_softmax_rows(h, w, b, lse[s:e], temp, out=buf[: e - s])
+            g = _chunk_grad_logits(log_p, ids[s:e], None if entropy is None else entropy[s:e],
                                    None if grad_lp is None else grad_lp[s:e].to(cdt),
                                    None if grad_ent is None else grad_ent[s:e].to(cdt),
                                    None if scratch is None else scratch[: e - s])
@@ -237,6 +238,13 @@ class _HiddenLogProbs(torch.autograd.Function):
 def _lm_head(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, *, out: torch.Tensor) -> torch.Tensor:
     """``h W^T (+ b)`` ``(c, v)`` written into ``out``."""
     return torch.mm(h, w.t(), out=out) if b is None else torch.addmm(b, h, w.t(), out=out)
+
+
+def _log_softmax_rows(h, w, b, lse, temperature: float, *, out: torch.Tensor) -> torch.Tensor:
+    """``log p = (h W^T + b) / T - lse`` ``(c, v)`` written into ``out`` (one ``addmm`` when there is no bias)."""
+    if b is None:
+        return torch.addmm(lse[:, None], h, w.t(), beta=-1.0, alpha=1.0 / temperature, out=out)
+    return _scaled(_lm_head(h, w, b, out=out), temperature).sub_(lse[:, None])
 
 
 def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, *,
