@@ -1,0 +1,146 @@
+"""Rule rewards: a user's ``compute_score`` function applied to every decoded response.
+
+The function has the signature common in this field::
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
+
+A float (or int, bool, numpy or one-element torch scalar) is the score. A dict must
+hold the score under ``"score"``; its other keys are kept as per-sample extras
+(a sample that lacks a key gets None there). A NaN, an infinite or a
+non-numeric score, a dict without ``"score"``, or an exception inside the
+function raises :class:`~hybridflow.errors.RewardError` naming the sample
+index and its data source.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+
+from hybridflow.errors import BatchError, RewardError
+
+__all__ = ["RewardOutput", "RuleRewardSource"]
+
+
+class RewardOutput(NamedTuple):
+    scores: torch.Tensor
+    """``(b,)`` float32, one score per response."""
+    extras: dict[str, list]
+    """Per-sample extra values by name (each a list of length b); empty when there are none."""
+
+
+def _column(batch, name: str, size: int, *, required: bool = True) -> list:
+    try:
+        values = batch[name]
+    except (KeyError, LookupError, BatchError):
+        if not required:
+            return [None] * size
+        raise RewardError(f"the rule reward needs the batch column {name!r}, which the batch lacks; "
+                          "datasets provide prompt, ground_truth, data_source (and optional extra_info)") from None
+    values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    if len(values) != size:
+        raise RewardError(f"batch column {name!r} has {len(values)} entries for {size} responses")
+    return values
+
+
+def _passes_extra_info(fn: Callable) -> bool:
+    """Whether ``fn`` takes a fourth (extra_info) argument."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 4 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def _as_score(value: Any, index: int, data_source: Any) -> float:
+    where = f"sample {index} (data_source={data_source!r})"
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, numbers.Real):  # bool is an int, so True/False count as 1/0
+        raise RewardError(f"compute_score returned a non-numeric score {value!r} for {where}; return a float or "
+                          "a dict with a float under 'score'")
+    score = float(value)
+    if not math.isfinite(score):
+        raise RewardError(f"compute_score returned {score} for {where}; scores must be finite numbers")
+    return score
+
+
+class RuleRewardSource:
+    """Scores responses with a ``compute_score`` function.
+
+    Args:
+        compute_score: ``(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``.
+        tokenizer: decodes ``response_ids`` when the batch has no ``responses`` text column.
+        eos_token_ids: EOS ids, used with ``unfinished_score`` and when decoding.
+        unfinished_score: when set, a response that did not end with EOS (cut at
+            max_new_tokens) gets this score without calling ``compute_score``.
+    """
+
+    def __init__(self, compute_score: Callable[..., Any], *, tokenizer=None, eos_token_ids: Sequence[int] = (),
+                 unfinished_score: float | None = None):
+        if not callable(compute_score):
+            raise RewardError(f"compute_score must be callable, got {type(compute_score).__name__}")
+        if unfinished_score is not None and not eos_token_ids:
+            raise RewardError("unfinished_score needs eos_token_ids to tell finished responses from cut ones")
+        self.compute_score = compute_score
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
+        self.unfinished_score = unfinished_score
+        self._with_extra_info = _passes_extra_info(compute_score)
+
+    def _responses(self, batch, size: int) -> list[str]:
+        try:
+            return _column(batch, "responses", size)
+        except RewardError:
+            if self.tokenizer is None:
+                raise RewardError("the batch has no 'responses' text column and the RuleRewardSource has no "
+                                  "tokenizer to decode response_ids; pass tokenizer=...") from None
+        from .text import decode_responses
+
+        return decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"], self.eos_token_ids)
+
+    def _finished(self, batch, size: int) -> list[bool]:
+        if self.unfinished_score is None:
+            return [True] * size
+        from .text import ends_with_eos
+
+        return ends_with_eos(batch["response_ids"], batch["response_mask"], self.eos_token_ids).tolist()
+
+    def _call(self, index: int, data_source, response: str, ground_truth, extra_info):
+        args = (data_source, response, ground_truth) + ((extra_info,) if self._with_extra_info else ())
+        try:
+            return self.compute_score(*args)
+        except Exception as err:  # a user function: report which sample broke it
+            raise RewardError(f"compute_score failed on sample {index} (data_source={data_source!r}): "
+                              f"{type(err).__name__}: {err}") from err
+
+    def score(self, batch) -> RewardOutput:
+        """Scores ``(b,)`` float32 of every response in ``batch``, and the dict results' extra keys."""
+        size = len(batch["response_ids"])
+        responses = self._responses(batch, size)
+        sources = _column(batch, "data_source", size)
+        truths = _column(batch, "ground_truth", size)
+        infos = _column(batch, "extra_info", size, required=False)
+        finished = self._finished(batch, size)
+        scores, extras = [], []
+        for i in range(size):
+            if not finished[i]:
+                scores.append(float(self.unfinished_score))
+                extras.append({})
+                continue
+            result = self._call(i, sources[i], responses[i], truths[i], infos[i])
+            if isinstance(result, dict):
+                if "score" not in result:
+                    raise RewardError(f"compute_score returned a dict without 'score' for sample {i} "
+                                      f"(data_source={sources[i]!r}); its keys are {sorted(result)}")
+                extras.append({k: v for k, v in result.items() if k != "score"})
+                result = result["score"]
+            else:
+                extras.append({})
+            scores.append(_as_score(result, i, sources[i]))
+        names = list(dict.fromkeys(k for e in extras for k in e))
+        return RewardOutput(torch.tensor(scores, dtype=torch.float32), {k: [e.get(k) for e in extras] for k in names})

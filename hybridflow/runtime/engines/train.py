@@ -1,0 +1,279 @@
+"""The train engine: one torch module, AdamW, and PPO-style updates from registered loss ops.
+
+An update runs ``ppo_epochs`` passes over the batch; each pass splits it into
+mini-batches (one optimizer step each) and every mini-batch into
+micro-batches whose gradients accumulate. Each loss op is called with the
+*mini-batch's* token and sequence counts (``global_tokens``, ``global_seqs``),
+so the micro-batch losses add up to the mini-batch loss and the gradient does
+not depend on the micro-batch size (verl's global-token normalisation).
+
+Model inputs of the losses come from the module: a causal LM gives
+``log_probs`` and ``entropy`` (:mod:`.lm_logprobs`), a
+:class:`~hybridflow.runtime.engines.critic.ValueModel` gives ``value_preds``.
+Other inputs are batch fields of the same name.
+
+Metrics (keys ``<prefix>/<name>``): each loss under its usual name
+(``pg_loss``, ``vf_loss``, ``kl_loss``, ``entropy_loss``, see
+:data:`~.loss_terms.LOSS_METRIC_NAMES`) as the mini-batch loss; the ops' own
+metrics (``pg_clipfrac``, ``ppo_kl``, ``vf_clipfrac``, ...) as token-weighted
+means over the mini-batch; ``entropy`` (actor), ``loss`` (the weighted sum),
+``grad_norm`` (before clipping); all averaged over mini-batches and epochs.
+``lr`` is the learning rate of this update and ``nan_skipped`` counts the
+mini-batches whose loss or gradient norm was not finite: their optimizer step
+is skipped and their gradients dropped, and they are left out of the means.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from hybridflow_ops.losses import count_seqs, count_tokens
+from hybridflow_ops.masked import masked_mean
+
+from hybridflow.errors import BatchError, OpError
+
+from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
+from .lm_logprobs import response_log_probs
+from .optim import TrainEngineConfig, build_optimizer, build_scheduler, lr_factor
+
+__all__ = ["TrainEngine", "TrainEngineConfig", "LossTerm"]
+
+SEQUENCE_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+CountReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+class TrainEngine:
+    """A trainable module (causal LM actor or :class:`ValueModel` critic) with its optimizer.
+
+    Args:
+        module: the model; moved to ``device``.
+        config: optimizer, schedule, batching, precision and thread settings.
+        metric_prefix: metric keys are ``f"{metric_prefix}/{name}"`` (``"actor"``, ``"critic"``).
+        device: where the module lives and computes (default: where its parameters are).
+    """
+
+    def __init__(self, module: torch.nn.Module, config: TrainEngineConfig | None = None, *,
+                 metric_prefix: str = "actor", device: str | torch.device | None = None):
+        self.config = config or TrainEngineConfig()
+        if self.config.num_threads is not None:
+            torch.set_num_threads(self.config.num_threads)
+        first = next(module.parameters())
+        self.device = torch.device(device) if device is not None else first.device
+        self.module = module.to(self.device)
+        self.metric_prefix = metric_prefix
+        self.optimizer = build_optimizer(self.module.parameters(), self.config)
+        self.scheduler = build_scheduler(self.optimizer, self.config)
+        self._shuffle = torch.Generator().manual_seed(self.config.seed)
+        self.is_value_model = hasattr(self.module, "response_values")
+
+    # ------------------------------------------------------------------ inference
+
+    @property
+    def use_bf16(self) -> bool:
+        """Whether forward passes run under bf16 autocast (see ``TrainEngineConfig.precision``)."""
+        if self.config.precision == "bf16":
+            return True
+        if self.config.precision == "fp32":
+            return False
+        return self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+    def _autocast(self):
+        if not self.use_bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch, *, temperature: float | None = None) -> torch.Tensor:
+        """Log-prob of each response token under the current weights: ``(b, R)`` float32 (on CPU).
+
+        Reads ``prompt_ids``, ``prompt_mask``, ``response_ids``, ``response_mask``; runs in
+        eval mode, ``micro_batch_size`` samples at a time; ``temperature`` defaults to the config's.
+        """
+        if self.is_value_model:
+            raise OpError("compute_log_probs needs a causal LM; this engine trains a value model (use compute_values)")
+        temperature = self.config.temperature if temperature is None else temperature
+        self.module.eval()
+        parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu()
+                 for t in self._chunks(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))]
+        return torch.cat(parts)
+
+    @torch.no_grad()
+    def compute_values(self, batch) -> torch.Tensor:
+        """The critic's ``V(s_t)`` for each response position: ``(b, R)`` float32 (on CPU)."""
+        if not self.is_value_model:
+            raise OpError("compute_values needs a ValueModel; this engine trains a causal LM (use compute_log_probs)")
+        self.module.eval()
+        parts = [self._value_outputs(t)["value_preds"].cpu()
+                 for t in self._chunks(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))]
+        return torch.cat(parts)
+
+    def _lm_outputs(self, t: Mapping[str, torch.Tensor], *, with_entropy: bool, temperature: float) -> dict:
+        with self._autocast():
+            out = response_log_probs(self.module, *(t[f] for f in SEQUENCE_FIELDS), temperature=temperature,
+                                     chunk_size=self.config.logprob_chunk_size, with_entropy=with_entropy)
+        result = {"log_probs": out.log_probs}
+        if out.entropy is not None:
+            result["entropy"] = out.entropy
+        return result
+
+    def _value_outputs(self, t: Mapping[str, torch.Tensor]) -> dict:
+        with self._autocast():
+            return {"value_preds": self.module.response_values(*(t[f] for f in SEQUENCE_FIELDS))}
+
+    def _model_outputs(self, t: Mapping[str, torch.Tensor], needs: frozenset[str]) -> dict:
+        provided = {"value_preds"} if self.is_value_model else {"log_probs", "entropy"}
+        if not needs <= provided:
+            kind = "a value model" if self.is_value_model else "a causal LM"
+            raise OpError(f"the losses need model inputs {sorted(needs - provided)}, which {kind} does not produce "
+                          f"(it gives {sorted(provided)}); put these losses on the other role")
+        if self.is_value_model:
+            return self._value_outputs(t)
+        with_entropy = "entropy" in needs or self.config.entropy_metric
+        return self._lm_outputs(t, with_entropy=with_entropy, temperature=self.config.temperature)
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, batch, loss_terms: Sequence[LossTerm | Sequence], *,
+               count_reduce: CountReduce | None = None) -> dict[str, float]:
+        """One training iteration on ``batch``: ppo_epochs x mini-batches x micro-batches.
+
+        ``loss_terms``: ``(op name, weight, attrs)`` triples, e.g.
+        ``[("ppo_clip", 1.0, {"clip_low": 0.2}), ("kl_loss", 0.001, {"kl_type": "low_var_kl"})]``.
+        ``count_reduce``: maps a mini-batch's ``[tokens, seqs]`` counts to the global ones
+        (a sum over data-parallel ranks); None = this process holds the whole batch.
+        Returns the metrics described in the module docstring; steps the LR schedule once.
+        """
+        terms = resolve_loss_terms(loss_terms)
+        needs = frozenset(f.name for term in terms for f in term.spec.model_inputs)
+        fields = tuple(dict.fromkeys(SEQUENCE_FIELDS + tuple(f.name for t in terms for f in t.spec.inputs)))
+        tensors = self._tensors(batch, fields, f"update ({', '.join(t.spec.name for t in terms)})")
+        self.module.train()
+        lr = self.optimizer.param_groups[0]["lr"]
+        metrics, skipped = MetricMeans(), 0
+        for epoch in range(self.config.ppo_epochs):
+            for mini in self._mini_batches(tensors):
+                stats = self._mini_batch_step(mini, terms, needs, count_reduce)
+                if stats is None:
+                    skipped += 1
+                else:
+                    metrics.add_all(stats)
+        self.scheduler.step()
+        out = {f"{self.metric_prefix}/{k}": v for k, v in metrics.means().items()}
+        out[f"{self.metric_prefix}/lr"] = lr
+        out[f"{self.metric_prefix}/nan_skipped"] = float(skipped)
+        return out
+
+    def _mini_batch_step(self, mini: dict, terms: tuple[ResolvedTerm, ...], needs: frozenset[str],
+                         count_reduce: CountReduce | None) -> dict[str, float] | None:
+        """Accumulate the micro-batch gradients and take one optimizer step; None when skipped (non-finite)."""
+        mask = mini["response_mask"]
+        counts = torch.stack([count_tokens(mask), count_seqs(mask)])
+        if count_reduce is not None:
+            counts = count_reduce(counts)
+        global_counts = {"global_tokens": counts[0], "global_seqs": counts[1]}
+        local_tokens = max(float(count_tokens(mask)), 1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        token_means, loss_sums = MetricMeans(), {"loss": 0.0}
+        for micro in self._chunks(mini):
+            share = float(count_tokens(micro["response_mask"])) / local_tokens
+            total = self._micro_batch_loss(micro, terms, needs, global_counts, token_means, loss_sums, share)
+            if not math.isfinite(loss_sums["loss"]):
+                self.optimizer.zero_grad(set_to_none=True)
+                return None
+            total.backward()
+        grad_norm = self._clip_gradients()
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {**token_means.means(), **loss_sums, "grad_norm": grad_norm}
+
+    def _micro_batch_loss(self, micro: dict, terms, needs, global_counts, token_means: MetricMeans,
+                          loss_sums: dict, share: float) -> torch.Tensor:
+        """The weighted loss of one micro-batch; its metrics go into ``token_means`` / ``loss_sums``."""
+        outputs = self._model_outputs(micro, needs)
+        total = torch.zeros((), device=self.device)
+        for term in terms:
+            result = term.evaluate(outputs, micro, global_counts)
+            total = total + term.weight * result.loss
+            loss_sums[term.metric_name] = loss_sums.get(term.metric_name, 0.0) + float(result.loss.detach())
+            for name, value in zip(result._fields[1:], result[1:]):
+                token_means.add(name, float(value), share)
+        if "entropy" in outputs and self.config.entropy_metric:
+            token_means.add("entropy", float(masked_mean(outputs["entropy"].detach(), micro["response_mask"])), share)
+        loss_sums["loss"] += float(total.detach())
+        return total
+
+    def _clip_gradients(self) -> float:
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    # ------------------------------------------------------------------ batching
+
+    def _tensors(self, batch, fields: Sequence[str], purpose: str) -> dict[str, torch.Tensor]:
+        """The named tensor fields of ``batch`` on this engine's device; a missing one is an OpError."""
+        out = {}
+        for name in fields:
+            try:
+                value = batch[name]
+            except (KeyError, LookupError, BatchError):
+                raise OpError(f"{purpose} needs the batch field {name!r}, which the batch lacks; "
+                              "compute it earlier in the graph or rename the field") from None
+            if not isinstance(value, torch.Tensor):
+                raise OpError(f"{purpose} needs {name!r} as a tensor, got {type(value).__name__}")
+            out[name] = value.to(self.device)
+        return out
+
+    def _mini_batches(self, tensors: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+        size = len(tensors["response_mask"])
+        if self.config.shuffle:
+            order = torch.randperm(size, generator=self._shuffle).to(self.device)
+            tensors = {k: v.index_select(0, order) for k, v in tensors.items()}
+        step = self.config.mini_batch_size or size
+        for start in range(0, size, step):
+            yield {k: v[start:start + step] for k, v in tensors.items()}
+
+    def _chunks(self, tensors: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+        size = len(tensors["response_mask"])
+        step = self.config.micro_batch_size or size
+        for start in range(0, size, step):
+            yield {k: v[start:start + step] for k, v in tensors.items()}
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step will use."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    def set_lr(self, lr: float) -> None:
+        """Change the peak learning rate; the schedule's current factor still applies."""
+        factor = lr_factor(self.scheduler.last_epoch, warmup_steps=self.config.warmup_steps,
+                           schedule=self.config.lr_schedule, total_steps=self.config.total_steps,
+                           min_lr_ratio=self.config.min_lr_ratio)
+        self.scheduler.base_lrs = [lr for _ in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer and scheduler state (for checkpoints)."""
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self._shuffle.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if "shuffle_rng" in state:
+            self._shuffle.set_state(state["shuffle_rng"])
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of every parameter and buffer, detached, for weight sync to a rollout engine."""
+        for name, tensor in self.module.state_dict(keep_vars=False).items():
+            yield name, tensor
