@@ -41,14 +41,19 @@ def count_seqs(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.bool).any(dim=-1).sum().to(torch.float32)
 
 
+def _count_dtype(loss: torch.Tensor) -> torch.dtype:
+    """At least float32, so counts stay exact for half-precision losses (bf16 cannot hold 8193)."""
+    return torch.promote_types(loss.dtype, torch.float32)
+
+
 def _denominator(given, default: torch.Tensor, name: str, like: torch.Tensor) -> torch.Tensor:
-    value = default if given is None else torch.as_tensor(given, dtype=like.dtype, device=like.device)
+    value = default if given is None else torch.as_tensor(given, dtype=_count_dtype(like), device=like.device)
     if value.numel() != 1:
         raise ValueError(f"{name} must be a scalar count, got a tensor of shape {tuple(value.shape)}")
     if given is not None and bool(value < 0):
         raise ValueError(f"{name} must be >= 0 (the count of the whole batch), got {float(value)}")
     # A batch with no valid token gives 0 / 1 = 0 rather than nan.
-    return value.to(like.dtype).clamp(min=1.0)
+    return value.to(device=like.device, dtype=_count_dtype(like)).clamp(min=1.0)
 
 
 def _token_mean(sums, mask, global_tokens, global_seqs, norm_length, loss):
@@ -60,7 +65,7 @@ def _seq_mean_token_sum(sums, mask, global_tokens, global_seqs, norm_length, los
 
 
 def _seq_mean_token_mean(sums, mask, global_tokens, global_seqs, norm_length, loss):
-    lengths = mask.to(torch.bool).sum(dim=-1).to(loss.dtype).clamp(min=1.0)
+    lengths = mask.to(torch.bool).sum(dim=-1).to(_count_dtype(loss)).clamp(min=1.0)
     return (sums / lengths).sum() / _denominator(global_seqs, count_seqs(mask), "global_seqs", loss)
 
 
@@ -108,4 +113,5 @@ def aggregate_loss(
         raise ValueError(f"loss_mat must be (batch, response_len), got {loss_mat.dim()} dims")
     valid = mask.to(torch.bool)
     selected = torch.where(valid, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
-    return reduce(selected.sum(dim=-1), mask, global_tokens, global_seqs, norm_length, loss_mat)
+    sums = selected.sum(dim=-1, dtype=_count_dtype(loss_mat))  # half-precision losses are summed in float32
+    return reduce(sums, mask, global_tokens, global_seqs, norm_length, loss_mat)

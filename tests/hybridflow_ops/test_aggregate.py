@@ -87,3 +87,11 @@ def test_aggregate_gradient_flows_and_is_zero_at_padding():
     aggregate_loss(loss, mask, mode="seq-mean-token-mean").backward()
     # (l00 / 1 + (l10 + l11) / 2) / 2 -> d/dl = [0.5, 0 | 0.25, 0.25]
     torch.testing.assert_close(loss.grad, torch.tensor([[0.5, 0.0], [0.25, 0.25]]))
+
+
+def test_half_precision_losses_are_summed_and_counted_in_float32():
+    # 8193 tokens of loss 1 in bfloat16: bf16 cannot represent 8193 (it rounds to 8192), so a bf16 sum
+    # or count would give 8192/8193 or 8193/8192. In float32 the token mean is exactly 1.
+    loss = torch.ones(1, 8193, dtype=torch.bfloat16)
+    out = aggregate_loss(loss, torch.ones(1, 8193), mode="token-mean", global_tokens=8193)
+    assert out.dtype == torch.float32 and out.item() == 1.0
