@@ -145,8 +145,8 @@ class Batch:
         """
         if isinstance(key, str):
             return self._field(key)
-        if isinstance(key, int):
-            n = len(self)
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            key, n = int(key), len(self)
             if not -n <= key < n:
                 raise BatchError(f"row {key} is out of range for a batch of {n}.")
             key = slice(key % n, key % n + 1)
@@ -154,6 +154,10 @@ class Batch:
             return self._take(key, key)
         index = self._as_index(key)
         return self._take(torch.from_numpy(index), index)
+
+    def __iter__(self):
+        raise TypeError("a Batch is not iterable (rows or fields?); use batch.keys() for field names "
+                        "or batch.split(1) for one-row batches.")
 
     def _as_index(self, key: Any) -> np.ndarray:
         index = key.detach().cpu().numpy() if isinstance(key, torch.Tensor) else np.asarray(key)

@@ -66,7 +66,9 @@ def test_getitem_fields_rows_and_errors():
     assert picked["row"].tolist() == [3, 0, 3] and picked["tag"].tolist() == ["row3", "row0", "row3"]
     masked = b[torch.tensor([True, False, True, False])]
     assert masked["tag"].tolist() == ["row0", "row2"]
-    assert b[[-1]]["tag"].tolist() == ["row3"]
+    assert b[[-1]]["tag"].tolist() == ["row3"] and b[np.int64(1)]["tag"].tolist() == ["row1"]
+    with pytest.raises(TypeError, match="not iterable"):
+        list(b)
     with pytest.raises(BatchError, match="no field 'nope'.*'row'.*'tag'"):
         b["nope"]
     with pytest.raises(BatchError, match="out of range"):
