@@ -8,6 +8,10 @@ log-probability of each sampled token under the untruncated
 left-padded prompts identical to the ones the train engine uses
 (``cumsum(mask) - 1``).
 
+With ``n`` samples per prompt, each prompt is run through the model once (the
+prefill) and its KV cache and last logits are then repeated ``n`` times: for
+GRPO-style groups of 8 this divides the prefill cost by 8.
+
 Rows that reach EOS keep being fed the pad token until every row is done or
 ``max_new_tokens`` is reached; what they produce is discarded.
 """
@@ -50,26 +54,32 @@ def _new_cache(model: torch.nn.Module):
 @torch.no_grad()
 def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams, *,
            eos_token_ids: Sequence[int], pad_token_id: int, generator: torch.Generator | None = None) -> Decoded:
-    """Generate up to ``params.max_new_tokens`` tokens after each left-padded prompt.
+    """Generate ``params.n`` responses of up to ``params.max_new_tokens`` tokens after each left-padded prompt.
 
-    Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b, max_new_tokens)`` tensors.
-    ``params.n`` is ignored here (repeat the prompts first).
+    Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b * n, max_new_tokens)``
+    tensors, the ``n`` responses of a prompt in consecutive rows (``repeat_interleave`` order).
     """
-    b, device = prompt_ids.shape[0], prompt_ids.device
-    steps = params.max_new_tokens
-    cache_kw = {_cache_keyword(model): _new_cache(model)}
+    device, n, steps = prompt_ids.device, params.n, params.max_new_tokens
+    cache = _new_cache(model)
+    cache_kw = {_cache_keyword(model): cache}
+    attention = prompt_mask.long()
+    positions = position_ids_from_mask(attention)
+    out = model(input_ids=prompt_ids.long(), attention_mask=attention, position_ids=positions, use_cache=True,
+                logits_to_keep=1, **cache_kw)
+    logits = out.logits[:, -1]
+    if n > 1:
+        rows = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)
+        cache.reorder_cache(rows)
+        logits, attention, positions = logits[rows], attention[rows], positions[rows]
+    b = logits.shape[0]
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
     tokens = torch.full((b, steps), pad_token_id, dtype=torch.long, device=device)
     mask = torch.zeros((b, steps), dtype=torch.float32, device=device)
     log_probs = torch.zeros((b, steps), dtype=torch.float32, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    attention = prompt_mask.long()
-    positions = position_ids_from_mask(attention)
-    out = model(input_ids=prompt_ids.long(), attention_mask=attention, position_ids=positions, use_cache=True,
-                logits_to_keep=1, **cache_kw)
     next_position = positions[:, -1:] + 1
     for t in range(steps):
-        step_log_probs = scaled_log_probs(out.logits[:, -1], params.temperature)
+        step_log_probs = scaled_log_probs(logits, params.temperature)
         token = choose_tokens(step_log_probs, params, generator)
         token = torch.where(done, torch.full_like(token, pad_token_id), token)
         mask[:, t] = (~done).float()
@@ -80,7 +90,7 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
         if t == steps - 1 or bool(done.all()):
             break
         attention = torch.cat([attention, (~done).long()[:, None]], dim=-1)
-        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position, use_cache=True,
-                    **cache_kw)
+        logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position, use_cache=True,
+                       **cache_kw).logits[:, -1]
         next_position = next_position + 1
     return Decoded(tokens, mask, log_probs)

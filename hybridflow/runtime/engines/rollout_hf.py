@@ -48,12 +48,17 @@ class HFRolloutEngine:
         eos_token_ids / pad_token_id: default from the model's generation config, then its
             config, then the tokenizer.
         device: where to generate (default: where the model's parameters are).
-        micro_batch_size: prompts (after repetition) decoded at once; None = all.
+        micro_batch_size: responses decoded at once (whole prompt groups; None = all).
+        num_threads: ``torch.set_num_threads`` for this process (CPU; one thread per worker is
+            often fastest for tiny models on a busy machine); None leaves it alone.
     """
 
     def __init__(self, model: torch.nn.Module, *, tokenizer=None, sampling: SamplingParams | None = None,
                  eos_token_ids: int | Sequence[int] | None = None, pad_token_id: int | None = None,
-                 device: str | torch.device | None = None, micro_batch_size: int | None = None):
+                 device: str | torch.device | None = None, micro_batch_size: int | None = None,
+                 num_threads: int | None = None):
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
@@ -90,22 +95,25 @@ class HFRolloutEngine:
         params = sampling or self.sampling
         if "prompt_ids" not in batch or "prompt_mask" not in batch:
             raise ExecutionError(f"generate needs prompt_ids and prompt_mask in the batch; it has {batch.keys()}")
-        repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         generator = self._generator(params.seed)
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [self._decode(piece, params, generator) for piece in self._pieces(repeated)]
+            parts = [self._decode(piece, params, generator) for piece in self._pieces(batch, params.n)]
         finally:
             self.model.train(was_training)
         fields = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
         if self.tokenizer is not None:
             fields["responses"] = decode_responses(self.tokenizer, fields["response_ids"], fields["response_mask"],
                                                    self.eos_token_ids)
+        repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         return repeated.with_fields(**fields)
 
-    def _pieces(self, batch: Batch) -> list[Batch]:
-        return batch.split(self.micro_batch_size) if self.micro_batch_size else [batch]
+    def _pieces(self, batch: Batch, n: int) -> list[Batch]:
+        """Consecutive prompt pieces of about ``micro_batch_size`` responses each."""
+        if not self.micro_batch_size or len(batch) * n <= self.micro_batch_size:
+            return [batch]
+        return batch.split(max(1, self.micro_batch_size // n))
 
     def _decode(self, piece: Batch, params: SamplingParams, generator) -> dict[str, torch.Tensor]:
         out = decode(self.model, piece["prompt_ids"].to(self.device), piece["prompt_mask"].to(self.device), params,

@@ -103,6 +103,11 @@ def test_micro_batches_give_the_same_greedy_result(tokenizer, model, prompts):
     pieces = HFRolloutEngine(model, micro_batch_size=3).generate(prompts, params)
     assert torch.equal(whole["response_ids"], pieces["response_ids"])
     assert torch.allclose(whole["rollout_log_probs"], pieces["rollout_log_probs"], atol=1e-5)
+    # with groups: pieces hold whole groups (6 // 2 = 3 prompts), the rows line up with the repeated batch
+    grouped = HFRolloutEngine(model, micro_batch_size=6).generate(prompts, params.model_copy(update={"n": 2}))
+    assert torch.equal(grouped["response_ids"][::2], whole["response_ids"])
+    assert torch.equal(grouped["response_ids"][1::2], whole["response_ids"])
+    assert grouped["group_index"].tolist() == [i // 2 for i in range(2 * len(PROMPTS))]
 
 
 def test_load_weights_updates_a_separate_copy(tokenizer, model, prompts):

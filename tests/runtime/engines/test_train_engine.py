@@ -27,9 +27,10 @@ def weights(module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 0.9)])
-def test_log_probs_equal_the_rollout_engines(tokenizer, model, temperature, top_k, top_p):
-    batch = rollout(tokenizer, model, temperature=temperature, top_k=top_k, top_p=top_p)
+@pytest.mark.parametrize("temperature,top_k,top_p,n", [(1.0, 0, 1.0, 1), (0.7, 5, 0.9, 1), (1.2, 0, 0.95, 4)])
+def test_log_probs_equal_the_rollout_engines(tokenizer, model, temperature, top_k, top_p, n):
+    # n > 1 also checks the shared prefill: one prompt forward, its KV cache repeated n times
+    batch = rollout(tokenizer, model, temperature=temperature, top_k=top_k, top_p=top_p, n=n)
     engine = TrainEngine(model, TrainEngineConfig(temperature=temperature))
     log_probs = engine.compute_log_probs(batch)
     mask = batch["response_mask"]
@@ -46,6 +47,20 @@ def test_first_ppo_ratio_is_one(tokenizer, model):
     # Two mini-batches: the second one sees weights moved by the first step, so the ratio is no longer 1.
     engine = TrainEngine(model, TrainEngineConfig(lr=1e-2, temperature=0.7, mini_batch_size=8))
     assert abs(engine.update(batch, PG)["actor/ppo_kl"]) > 1e-5
+
+
+def test_bf16_autocast_on_cpu_when_asked(tokenizer, model):
+    batch = rollout(tokenizer, model)
+    engine = TrainEngine(model, TrainEngineConfig(precision="bf16", lr=1e-3))
+    assert engine.use_bf16 and not TrainEngine(model).use_bf16  # 'auto' is off on CPU
+    log_probs = engine.compute_log_probs(batch)
+    mask = batch["response_mask"].bool()
+    assert log_probs.dtype == torch.float32
+    # bf16 matmuls: close to the fp32 rollout, not equal
+    assert (log_probs - batch["rollout_log_probs"])[mask].abs().max() < 0.1
+    metrics = engine.update(batch, PG)
+    assert metrics["actor/nan_skipped"] == 0 and math.isfinite(metrics["actor/grad_norm"])
+    assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
 def test_lr_zero_leaves_every_weight_unchanged(tokenizer, model):
