@@ -185,6 +185,10 @@ def create_tiny_model_dir(
     ``model_kwargs`` go to :func:`make_tiny_model` (hidden, layers, heads, ...).
     The folder loads with ``AutoModelForCausalLM.from_pretrained(path)`` and with
     :func:`hybridflow.data.load_tokenizer` / :func:`hybridflow.data.load_causal_lm`.
+    Load the tokenizer with :func:`~hybridflow.data.load_tokenizer` (or
+    ``PreTrainedTokenizerFast.from_pretrained``): transformers 5 ``AutoTokenizer``
+    replaces it with Qwen's byte-level tokenizer when ``arch="qwen2"``, whatever
+    ``tokenizer_config.json`` says (it is faithful for ``"llama"``).
     """
     tokenizer = make_tiny_tokenizer(task, alphabet=alphabet)
     model = make_tiny_model(
