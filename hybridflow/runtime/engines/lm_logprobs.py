@@ -10,7 +10,8 @@ the model's own logits and ``token_logprobs_from_logits`` instead.
     log_probs[b, t] = log_softmax(lm_head(h[b, P-1+t]) / T)[y[b, t]]
 
 which is exactly what the rollout engine records for a sampled token
-(:mod:`~hybridflow.runtime.engines.sampling`).
+(:mod:`~hybridflow.runtime.engines.sampling`). Under bf16 autocast the
+backbone runs in bf16 and the lm_head / log-softmax in float32.
 """
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ def response_log_probs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_
     head = plain_lm_head(model)
     if head is not None and hasattr(model, "base_model") and model.base_model is not model:
         hidden = response_hidden(model.base_model, inputs, prompt_len)
-        return token_logprobs_from_hidden(hidden, head.weight, response_ids, bias=head.bias, chunk_size=chunk_size,
-                                          with_entropy=with_entropy, temperature=temperature)
+        # Outside autocast: the op upcasts each chunk to float32, and its matmuls must stay there.
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            return token_logprobs_from_hidden(hidden, head.weight, response_ids, bias=head.bias,
+                                              chunk_size=chunk_size, with_entropy=with_entropy,
+                                              temperature=temperature)
     logits = model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                    position_ids=inputs.position_ids, use_cache=False).logits[:, prompt_len - 1:]
     return token_logprobs_from_logits(logits, response_ids, chunk_size=chunk_size, with_entropy=with_entropy,

@@ -152,7 +152,7 @@ class TrainEngine:
         self.module.train()
         lr = self.optimizer.param_groups[0]["lr"]
         metrics, skipped = MetricMeans(), 0
-        for epoch in range(self.config.ppo_epochs):
+        for _ in range(self.config.ppo_epochs):
             for mini in self._mini_batches(tensors):
                 stats = self._mini_batch_step(mini, terms, needs, count_reduce)
                 if stats is None:
