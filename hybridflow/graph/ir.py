@@ -152,8 +152,8 @@ class Graph:
         roles = [r.name for r in self.roles]
         if len(set(roles)) != len(roles):
             raise GraphError(f"graph {self.name!r} declares a role twice: {roles}")
-        if not isinstance(self.attrs, tuple):
-            raise GraphError(f"graph {self.name!r}: attrs must be a tuple of (name, value) pairs")
+        if not isinstance(self.attrs, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in self.attrs):
+            raise GraphError(f"graph {self.name!r}: attrs must be a tuple of (name, value) pairs, got {self.attrs!r}")
         object.__setattr__(self, "attrs", make_params(dict(self.attrs), f"graph {self.name!r}"))
 
     # -- lookups ---------------------------------------------------------------

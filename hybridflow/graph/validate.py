@@ -119,14 +119,14 @@ def _check_node(graph: Graph, node: Node, producers: dict) -> None:
 
 
 def _check_updates(graph: Graph) -> None:
-    updated: dict[str, str] = {}
-    for node in graph.nodes:
-        if node.kind != "update":
-            continue
-        if node.role in updated:
-            raise DoubleUpdateError(f"updates role {node.role!r}, which {updated[node.role]!r} already updates in this iteration", node=node.name,
+    updates = [n for n in graph.nodes if n.kind == "update"]
+    first: dict[str, str] = {}
+    for node in updates:
+        if node.role in first:
+            raise DoubleUpdateError(f"updates role {node.role!r}, which {first[node.role]!r} already updates in this iteration", node=node.name,
                                     hint="update each trainable role once per iteration; combine the losses into one update's loss terms")
-        updated[node.role] = node.name
+        first[node.role] = node.name
+    for node in updates:
         before = ancestors(graph, node.name)
         for other in graph.nodes:
             if other.role == node.role and other.name != node.name and other.name not in before:
