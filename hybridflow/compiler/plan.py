@@ -1,0 +1,247 @@
+"""The ExecutionPlan: the compiled artifact every executor runs.
+
+A plan says, for one training iteration of one graph:
+
+* **pools** — named groups of devices (``cpu``, ``cuda:0``, or cluster slots
+  ``n0.d3``) and which roles live on each (roles in one pool are colocated);
+* **placements** — per role: its pool and its parallel layout (dp, tp, pp), and
+  for a policy that generates, a separate generation layout;
+* **ops** — what runs, in order: graph nodes (``node``), and the transitions the
+  compiler inserted (``weight_sync``, ``offload``, ``onload``), each with the
+  ops it depends on and its predicted start/end (seconds from the iteration's
+  start) and peak memory;
+* ``staleness`` — 0: on-policy; k > 0: generation of iteration i+k may overlap
+  this iteration's training (ops with ``iteration_offset`` > 0).
+
+The graph travels inside the plan (its JSON form), so a plan file alone is
+enough to run, draw or inspect. Plans are frozen pydantic models with a
+version; :func:`verify_plan` checks their invariants and is run after every
+compiler pass in tests and debug mode.
+"""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import PlanError
+
+__all__ = ["PLAN_VERSION", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "verify_plan"]
+
+PLAN_VERSION = 1
+OP_KINDS = ("node", "weight_sync", "offload", "onload")
+OFFLOAD_ITEMS = ("params", "optimizer", "grads", "kv_cache")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolPlan(_Frozen):
+    """A group of devices that the roles placed on it share."""
+
+    name: str = Field(description="Pool name, unique in the plan (e.g. 'pool0', 'cpu').")
+    devices: tuple[str, ...] = Field(description="Device names: 'cpu', 'cuda:N', or cluster slots 'nN.dM'.")
+    memory_bytes: int | None = Field(None, description="Memory of each device, when known (bytes).")
+
+
+class LayoutPlan(_Frozen):
+    """dp x tp x pp: data-parallel replicas x tensor-parallel ranks x pipeline stages."""
+
+    dp: int = Field(1, ge=1, description="Data-parallel replicas.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel ranks (within a node).")
+    pp: int = Field(1, ge=1, description="Pipeline stages.")
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def __str__(self) -> str:
+        return f"dp{self.dp}·tp{self.tp}·pp{self.pp}"
+
+
+class RolePlacement(_Frozen):
+    """Where one role runs and how its model is split."""
+
+    role: str = Field(description="Role name from the graph.")
+    pool: str = Field(description="Name of the pool the role runs on.")
+    layout: LayoutPlan = Field(default_factory=LayoutPlan, description="Layout for training and inference.")
+    generation_layout: LayoutPlan | None = Field(None, description="Layout of the rollout engine (policies that generate); None = same as layout.")
+    memory_bytes: int | None = Field(None, description="Predicted peak memory of this role per device (bytes).")
+
+
+class PlanOp(_Frozen):
+    """One step of the schedule."""
+
+    name: str = Field(description="Unique op name (the node name for node ops).")
+    kind: Literal["node", "weight_sync", "offload", "onload"] = Field(description="What the op does.")
+    role: str = Field(description="Role the op acts on ('controller' for compute nodes).")
+    pool: str | None = Field(None, description="Pool the op runs on; None for controller ops.")
+    node: str | None = Field(None, description="Graph node this op runs (node ops only).")
+    deps: tuple[str, ...] = Field((), description="Ops that must finish before this one starts.")
+    items: tuple[str, ...] = Field((), description="offload/onload: what moves (params, optimizer, grads, kv_cache).")
+    iteration_offset: int = Field(0, ge=0, description="0: this iteration; k: the op works for iteration i+k (overlap).")
+    predicted_start_s: float = Field(0.0, ge=0.0, description="Predicted start, seconds from the iteration start.")
+    predicted_end_s: float = Field(0.0, ge=0.0, description="Predicted end, seconds from the iteration start.")
+    volume_bytes: int | None = Field(None, description="weight_sync: bytes moved per device.")
+    note: str = Field("", description="Free text shown in drawings (e.g. 'hybrid engine: micro-dp groups of 2').")
+
+
+class ExecutionPlan(_Frozen):
+    """The compiled plan of one graph on one cluster; see the module docstring."""
+
+    version: int = Field(PLAN_VERSION, description="Plan format version.")
+    graph: dict = Field(description="The graph, in its JSON form (hybridflow.graph.Graph.to_json).")
+    cluster: str = Field(description="Cluster description, e.g. 'cpu-local' or 'a100-80g:2'.")
+    strategy: str = Field("manual", description="How the placement was chosen: manual, colocate, split, standalone, auto.")
+    pools: tuple[PoolPlan, ...] = Field(description="Device pools.")
+    placements: tuple[RolePlacement, ...] = Field(description="One per role of the graph.")
+    ops: tuple[PlanOp, ...] = Field(description="The schedule: ops in an order that respects deps.")
+    staleness: int = Field(0, ge=0, description="Generation may run this many iterations ahead of training.")
+    predicted_iteration_s: float | None = Field(None, description="Predicted time of one iteration, seconds.")
+
+    # -- access ---------------------------------------------------------------
+    def graph_ir(self):
+        """The graph as a :class:`hybridflow.graph.Graph` record."""
+        from ..graph.serialize import graph_from_json
+
+        return graph_from_json(json.dumps(self.graph))
+
+    def placement(self, role: str) -> RolePlacement:
+        for placement in self.placements:
+            if placement.role == role:
+                return placement
+        raise PlanError(f"the plan places no role {role!r}; it places {', '.join(p.role for p in self.placements)}")
+
+    def pool(self, name: str) -> PoolPlan:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise PlanError(f"the plan has no pool {name!r}; its pools are {', '.join(p.name for p in self.pools)}")
+
+    def roles_on(self, pool: str) -> tuple[str, ...]:
+        return tuple(p.role for p in self.placements if p.pool == pool)
+
+    # -- forms ------------------------------------------------------------------
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ExecutionPlan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PlanError(f"not a plan: invalid JSON ({err})") from None
+        if isinstance(data, dict) and data.get("version") not in (None, PLAN_VERSION):
+            raise PlanError(f"plan version {data.get('version')!r} is not supported; this hybridflow reads version {PLAN_VERSION}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise PlanError(f"not a valid plan: {err}") from None
+
+    def to_text(self) -> str:
+        """A readable dump: pools, placements, then the schedule one op per line."""
+        lines = [f"plan v{self.version}  graph={self.graph.get('name', '?')}  cluster={self.cluster}  "
+                 f"strategy={self.strategy}  staleness={self.staleness}"]
+        if self.predicted_iteration_s is not None:
+            lines[0] += f"  predicted_iteration={self.predicted_iteration_s:.4g}s"
+        for pool in self.pools:
+            roles = ", ".join(self.roles_on(pool.name)) or "-"
+            lines.append(f"pool {pool.name} [{', '.join(pool.devices)}]: {roles}")
+        for p in self.placements:
+            gen = f"  generate {p.generation_layout}" if p.generation_layout else ""
+            lines.append(f"place {p.role} -> {p.pool}  {p.layout}{gen}")
+        for op in self.ops:
+            what = op.node if op.kind == "node" else op.kind + (f"({', '.join(op.items)})" if op.items else "")
+            deps = f"  after {', '.join(op.deps)}" if op.deps else ""
+            offset = f"  [iteration+{op.iteration_offset}]" if op.iteration_offset else ""
+            lines.append(f"op {op.name}: {what} on {op.role}@{op.pool or 'controller'}"
+                         f"  t={op.predicted_start_s:.4g}..{op.predicted_end_s:.4g}s{deps}{offset}")
+        return "\n".join(lines) + "\n"
+
+
+def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
+    """Check the plan's invariants; raise :class:`PlanError` naming the pass ``after`` that broke one.
+
+    Invariants: unique pool/op names; every graph role placed exactly once on an
+    existing pool, its layout using exactly the pool's devices; every graph node
+    run by exactly one node op whose role matches; every dep names an earlier op
+    (the order respects dependencies) and every graph edge is a dep path;
+    offload/onload items known; predicted end >= start.
+    """
+    where = f" (broken by pass {after!r})" if after else ""
+
+    def fail(message: str) -> None:
+        raise PlanError(message + where)
+
+    graph = plan.graph_ir()
+    pools = {p.name: p for p in plan.pools}
+    if len(pools) != len(plan.pools):
+        fail("two pools share a name")
+    placed = [p.role for p in plan.placements]
+    for role in graph.roles:
+        if placed.count(role.name) != 1:
+            fail(f"role {role.name!r} is placed {placed.count(role.name)} times; place every role exactly once")
+    for p in plan.placements:
+        if p.pool not in pools:
+            fail(f"role {p.role!r} is placed on unknown pool {p.pool!r}")
+        size = len(pools[p.pool].devices)
+        for layout in filter(None, (p.layout, p.generation_layout)):
+            if layout.size != size:
+                fail(f"role {p.role!r}: layout {layout} uses {layout.size} devices but pool {p.pool!r} has {size}")
+    seen: dict[str, PlanOp] = {}
+    node_ops: dict[str, str] = {}
+    for op in plan.ops:
+        if op.name in seen:
+            fail(f"two ops are named {op.name!r}")
+        for dep in op.deps:
+            if dep not in seen:
+                fail(f"op {op.name!r} depends on {dep!r}, which is not an earlier op")
+        if op.pool is not None and op.pool not in pools:
+            fail(f"op {op.name!r} runs on unknown pool {op.pool!r}")
+        if op.predicted_end_s < op.predicted_start_s:
+            fail(f"op {op.name!r} ends before it starts")
+        if any(item not in OFFLOAD_ITEMS for item in op.items):
+            fail(f"op {op.name!r} moves unknown items {op.items}; use {', '.join(OFFLOAD_ITEMS)}")
+        if op.kind == "node":
+            if op.node is None:
+                fail(f"node op {op.name!r} names no graph node")
+            if op.node in node_ops:
+                fail(f"graph node {op.node!r} is run twice (ops {node_ops[op.node]!r} and {op.name!r})")
+            node_ops[op.node] = op.name
+            if graph.node(op.node).role != op.role:
+                fail(f"op {op.name!r} runs node {op.node!r} on role {op.role!r}, but the node's role is {graph.node(op.node).role!r}")
+        seen[op.name] = op
+    missing = [n.name for n in graph.nodes if n.name not in node_ops]
+    if missing:
+        fail(f"graph nodes {missing} are run by no op")
+    _check_edges(graph, plan, node_ops, fail)
+
+
+def _check_edges(graph, plan: ExecutionPlan, node_ops: dict[str, str], fail) -> None:
+    """Every producer -> consumer edge of the graph must be a path of deps in the plan."""
+    deps = {op.name: set(op.deps) for op in plan.ops}
+    offsets = {op.name: op.iteration_offset for op in plan.ops}
+
+    def reaches(start: str, goal: str) -> bool:
+        stack, seen = [start], set()
+        while stack:
+            current = stack.pop()
+            if current == goal:
+                return True
+            if current not in seen:
+                seen.add(current)
+                stack.extend(deps.get(current, ()))
+        return False
+
+    inputs = {i.name for i in graph.inputs}
+    for node in graph.nodes:
+        for source in node.sources:
+            if source in inputs:
+                continue
+            consumer, producer = node_ops[node.name], node_ops[source]
+            if offsets[producer] > offsets[consumer]:
+                continue  # produced ahead of time by an overlapped op of a later iteration
+            if not reaches(consumer, producer):
+                fail(f"op {consumer!r} reads {source!r} but does not depend on op {producer!r}")

@@ -1,0 +1,142 @@
+"""How to build the engines of each role: :class:`RoleSpec`.
+
+A role's *kind* comes from the graph (policy, critic, reference, reward, cost);
+its spec says where its model comes from and how its engines are set:
+
+* policy — ``model`` (path, hub name or module), ``tokenizer``, ``train``
+  (:class:`TrainEngineConfig`), ``sampling`` (:class:`SamplingParams`);
+* critic — ``model`` (a causal-LM or base-model path/hub name, or a module whose
+  backbone is copied) and ``train``;
+* reference — ``model``;
+* reward / cost — ``reward``: a ``compute_score`` function, any object with
+  ``score(batch) -> RewardOutput`` (a reward model, a remote reward model), or
+  ``model`` (a sequence-classification reward model path).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..errors import ConfigError
+from .engines import (HFRolloutEngine, RewardModel, RuleRewardSource, SamplingParams, TrainEngine, TrainEngineConfig,
+                      ValueModel)
+
+__all__ = ["RoleSpec", "build_engines", "RoleEngines"]
+
+ModelSource = "str | os.PathLike | torch.nn.Module"
+
+
+@dataclass
+class RoleSpec:
+    """Where a role's model comes from and how its engines are set (see the module docstring)."""
+
+    model: Any = None
+    tokenizer: Any = None
+    train: TrainEngineConfig | None = None
+    sampling: SamplingParams | None = None
+    reward: Callable | Any = None
+    share_rollout_module: bool = True
+    """Policy: the rollout engine uses the train engine's module (one copy of the weights, weight sync copies
+    nothing). False gives the rollout engine its own copy, refreshed by every weight_sync op."""
+    unfinished_score: float | None = None
+    """Rule rewards: score given to responses that never produced EOS (None: score them like the others)."""
+
+
+@dataclass
+class RoleEngines:
+    """The engines one role owns on its device."""
+
+    kind: str
+    train: TrainEngine | None = None
+    rollout: HFRolloutEngine | None = None
+    reward: Any = None
+
+
+def _causal_lm(source: Any, role: str, device: str) -> torch.nn.Module:
+    if isinstance(source, torch.nn.Module):
+        return source.to(device)
+    if source is None:
+        raise ConfigError(f"role {role!r} needs a model: a path, a hub name, or a torch module (RoleSpec.model)")
+    from ..data import load_causal_lm
+
+    return load_causal_lm(source, device=device)
+
+
+def _tokenizer(spec: RoleSpec, role: str):
+    if spec.tokenizer is not None or isinstance(spec.model, torch.nn.Module) or spec.model is None:
+        return spec.tokenizer
+    from ..data import load_tokenizer
+
+    return load_tokenizer(spec.model)
+
+
+def build_engines(role: str, kind: str, spec: RoleSpec, device: str) -> RoleEngines:
+    """The engines of ``role`` (of graph role ``kind``) on ``device``."""
+    builder = _BUILDERS.get(kind)
+    if builder is None:
+        raise ConfigError(f"role {role!r} has kind {kind!r}, for which no engines exist; kinds: {', '.join(_BUILDERS)}")
+    return builder(role, spec, device)
+
+
+def _policy(role: str, spec: RoleSpec, device: str) -> RoleEngines:
+    model = _causal_lm(spec.model, role, device)
+    sampling = spec.sampling or SamplingParams()
+    train = spec.train or TrainEngineConfig(temperature=sampling.temperature)
+    engine = TrainEngine(model, train, metric_prefix="actor" if role == "actor" else role, device=device)
+    rollout_model = model
+    if not spec.share_rollout_module:
+        import copy
+
+        rollout_model = copy.deepcopy(model)
+    rollout = HFRolloutEngine(rollout_model, tokenizer=_tokenizer(spec, role), sampling=sampling, device=device)
+    return RoleEngines(kind="policy", train=engine, rollout=rollout)
+
+
+def _critic(role: str, spec: RoleSpec, device: str) -> RoleEngines:
+    source = spec.model
+    if isinstance(source, ValueModel):
+        model = source
+    elif isinstance(source, torch.nn.Module):
+        model = ValueModel.from_causal_lm(source)
+    elif source is None:
+        raise ConfigError(f"critic role {role!r} needs a model (RoleSpec.model): usually the actor's path")
+    else:
+        model = ValueModel.from_pretrained(source)
+    engine = TrainEngine(model, spec.train or TrainEngineConfig(), metric_prefix="critic" if role == "critic" else role,
+                         device=device)
+    return RoleEngines(kind="critic", train=engine)
+
+
+def _reference(role: str, spec: RoleSpec, device: str) -> RoleEngines:
+    model = _causal_lm(spec.model, role, device)
+    temperature = spec.sampling.temperature if spec.sampling is not None else 1.0
+    # An engine that is never updated: AdamW allocates no state before its first step.
+    engine = TrainEngine(model, TrainEngineConfig(lr=0.0, temperature=temperature, entropy_metric=False),
+                         metric_prefix=role, device=device)
+    return RoleEngines(kind="reference", train=engine)
+
+
+def _reward(role: str, spec: RoleSpec, device: str) -> RoleEngines:
+    source = spec.reward
+    if source is None and spec.model is not None:
+        source = RewardModel.from_pretrained(spec.model, device=device)
+    if source is None:
+        raise ConfigError(f"role {role!r} needs a reward: a compute_score function, a reward model path "
+                          "(RoleSpec.model) or an object with score(batch)")
+    if not hasattr(source, "score"):
+        if not callable(source):
+            raise ConfigError(f"role {role!r}: reward {source!r} is neither callable nor has score(batch)")
+        tokenizer = spec.tokenizer
+        eos = ()
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos = (tokenizer.eos_token_id,)
+        source = RuleRewardSource(source, tokenizer=tokenizer, eos_token_ids=eos, unfinished_score=spec.unfinished_score)
+    return RoleEngines(kind="reward", reward=source)
+
+
+_BUILDERS: dict[str, Callable[[str, RoleSpec, str], RoleEngines]] = {
+    "policy": _policy, "critic": _critic, "reference": _reference, "reward": _reward, "cost": _reward,
+}

@@ -1,0 +1,87 @@
+"""The role worker: hosts the engines of the roles placed on one device and runs node kinds on them.
+
+A worker is what a device slot is in a plan. Colocated roles share it (one
+process, one device); the executor calls its methods by node kind. On one
+machine the :class:`~hybridflow.runtime.local.LocalExecutor` holds one worker
+per pool; the Ray executor holds one Ray actor per device slot, each wrapping
+the same class.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from ..errors import ExecutionError
+from .batch import Batch
+from .engines import SamplingParams
+from .roles import RoleEngines, RoleSpec, build_engines
+
+__all__ = ["RoleWorker"]
+
+
+class RoleWorker:
+    """The engines of every role on ``device``; ``roles`` maps role name -> (graph role kind, spec)."""
+
+    def __init__(self, device: str, roles: Mapping[str, tuple[str, RoleSpec]]):
+        self.device = device
+        self.engines: dict[str, RoleEngines] = {name: build_engines(name, kind, spec, device)
+                                                 for name, (kind, spec) in roles.items()}
+        self._offloaded: dict[str, set[str]] = {name: set() for name in self.engines}
+
+    def _engines(self, role: str, need: str) -> RoleEngines:
+        engines = self.engines.get(role)
+        if engines is None:
+            raise ExecutionError(f"worker on {self.device} hosts no role {role!r}; it hosts {', '.join(self.engines)}")
+        if getattr(engines, need) is None:
+            raise ExecutionError(f"role {role!r} ({engines.kind}) on {self.device} has no {need} engine")
+        if self._offloaded[role]:
+            raise ExecutionError(f"role {role!r} on {self.device} is offloaded ({', '.join(sorted(self._offloaded[role]))}); "
+                                 "the plan must onload it before this op")
+        return engines
+
+    # -- node kinds ------------------------------------------------------------------
+    def generate(self, role: str, prompts: Batch, overrides: Mapping[str, object]) -> Batch:
+        rollout = self._engines(role, "rollout").rollout
+        params = rollout.sampling.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+        return rollout.generate(prompts, SamplingParams.model_validate(params.model_dump()))
+
+    def logprob(self, role: str, batch: Batch) -> torch.Tensor:
+        return self._engines(role, "train").train.compute_log_probs(batch)
+
+    def values(self, role: str, batch: Batch) -> torch.Tensor:
+        return self._engines(role, "train").train.compute_values(batch)
+
+    def score(self, role: str, batch: Batch):
+        return self._engines(role, "reward").reward.score(batch)
+
+    def update(self, role: str, batch: Batch, terms: Sequence[tuple[str, float, dict]]) -> dict[str, float]:
+        return self._engines(role, "train").train.update(batch, terms)
+
+    # -- transitions -------------------------------------------------------------------
+    def sync_weights(self, role: str) -> int:
+        """Copy the train engine's weights into the rollout engine; returns the tensors copied (0 if shared)."""
+        engines = self._engines(role, "rollout")
+        if engines.train is None or engines.rollout.model is engines.train.module:
+            return 0
+        return engines.rollout.load_weights(engines.train.named_weights())
+
+    def offload(self, role: str, items: Sequence[str]) -> None:
+        self._move(role, items, torch.device("cpu"))
+        self._offloaded[role].update(items)
+
+    def onload(self, role: str, items: Sequence[str]) -> None:
+        self._offloaded[role].difference_update(items)
+        self._move(role, items, torch.device(self.device))
+
+    def _move(self, role: str, items: Sequence[str], device: torch.device) -> None:
+        engines = self.engines[role]
+        train = engines.train
+        if "params" in items:
+            for module in {id(m): m for m in (train and train.module, engines.rollout and engines.rollout.model) if m}.values():
+                module.to(device)
+        if "optimizer" in items and train is not None:
+            for state in train.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device)
