@@ -1,0 +1,90 @@
+"""ExecutionPlan: JSON/text forms, the verifier naming the pass that broke it, plan_local's device maps."""
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.algorithms import ALGORITHMS
+from hybridflow.compiler.local_plan import plan_local
+from hybridflow.compiler.plan import ExecutionPlan, LayoutPlan, PlanOp, verify_plan
+from hybridflow.errors import PlacementError, PlanError
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_plan_round_trips_json_and_names_every_node(name):
+    graph = ALGORITHMS[name].build()
+    plan = plan_local(graph)
+    again = ExecutionPlan.from_json(plan.to_json())
+    assert again == plan
+    assert again.graph_ir() == graph
+    text = plan.to_text()
+    for node in graph.nodes:
+        assert f"op {node.name}:" in text
+
+
+def test_weight_sync_precedes_each_generation_of_an_updated_policy():
+    plan = plan_local(ALGORITHMS["remax"].build())  # two generations: sampled and greedy
+    names = [op.name for op in plan.ops]
+    for op in plan.ops:
+        if op.kind == "node" and op.node.startswith("actor.generate"):
+            sync = [d for d in op.deps if d.startswith("actor.weight_sync")]
+            assert len(sync) == 1 and names.index(sync[0]) < names.index(op.name)
+
+
+def _broken(plan: ExecutionPlan, **changes) -> ExecutionPlan:
+    return plan.model_copy(update=changes)
+
+
+def test_verifier_names_the_pass_and_the_problem():
+    plan = plan_local(ALGORITHMS["ppo"].build())
+    ops = list(plan.ops)
+    # Dropping the generate op leaves its consumers depending on an op that does not exist.
+    no_generate = _broken(plan, ops=tuple(o for o in ops if o.node != "actor.generate"))
+    with pytest.raises(PlanError, match=r"not an earlier op.*broken by pass 'my_pass'"):
+        verify_plan(no_generate, after="my_pass")
+    # Reversing the order puts consumers before producers.
+    with pytest.raises(PlanError, match="not an earlier op"):
+        verify_plan(_broken(plan, ops=tuple(reversed(ops))))
+    # A consumer that lost its dependency on the producer it reads.
+    gae = next(i for i, o in enumerate(ops) if o.node == "gae")
+    ops_no_dep = ops.copy()
+    ops_no_dep[gae] = ops[gae].model_copy(update={"deps": ("actor.generate",)})
+    with pytest.raises(PlanError, match=r"op 'gae' reads '(kl_in_reward|critic.values)' but does not depend"):
+        verify_plan(_broken(plan, ops=tuple(ops_no_dep)))
+    # A role placed twice, a layout that does not fit its pool, an unknown pool.
+    with pytest.raises(PlanError, match="placed 2 times"):
+        verify_plan(_broken(plan, placements=plan.placements + plan.placements[:1]))
+    wide = plan.placements[0].model_copy(update={"layout": LayoutPlan(dp=2)})
+    with pytest.raises(PlanError, match="uses 2 devices but pool"):
+        verify_plan(_broken(plan, placements=(wide,) + plan.placements[1:]))
+    with pytest.raises(PlanError, match="unknown pool"):
+        verify_plan(_broken(plan, ops=ops[:1] + [ops[1].model_copy(update={"pool": "nowhere"})] + ops[2:]))
+    # A node run twice, a node run on the wrong role, an unknown offload item.
+    with pytest.raises(PlanError, match="run twice"):
+        verify_plan(_broken(plan, ops=tuple(ops) + (ops[-1].model_copy(update={"name": "again"}),)))
+    with pytest.raises(PlanError, match="the node's role is"):
+        verify_plan(_broken(plan, ops=tuple(o.model_copy(update={"role": "critic"}) if o.node == "actor.update" else o for o in ops)))
+    bad_item = PlanOp(name="off", kind="offload", role="actor", pool="cpu", items=("everything",))
+    with pytest.raises(PlanError, match="unknown items"):
+        verify_plan(_broken(plan, ops=tuple(ops) + (bad_item,)))
+
+
+def test_from_json_rejects_garbage_with_plan_errors():
+    plan = plan_local(ALGORITHMS["grpo"].build())
+    for text in ("{", "[]", '{"version": 99}', plan.to_json().replace('"ops"', '"opz"')):
+        with pytest.raises(PlanError):
+            ExecutionPlan.from_json(text)
+
+
+def test_device_map_aliases_and_errors():
+    graph = ALGORITHMS["ppo"].build()
+    plan = plan_local(graph, {"actor": "cpu", "critic": "cpu", "ref": "cpu", "rm": "cpu"})
+    assert [p.name for p in plan.pools] == ["cpu"]
+    assert plan.placement("reward").pool == "cpu"
+    split = plan_local(graph, {"actor": "cuda:0", "critic": "cuda:1", "rm": "cpu"})
+    assert split.placement("actor").pool == "cuda0" and split.placement("critic").pool == "cuda1"
+    assert split.placement("ref").pool == "cpu"  # unnamed roles default to cpu
+    assert plan_local(graph, {"actor": "cuda"}).placement("actor").pool == "cuda0"
+    with pytest.raises(PlacementError, match="actor_lora.*roles are"):
+        plan_local(graph, {"actor_lora": "cuda:1"})
+    with pytest.raises(PlacementError, match="is not a device"):
+        plan_local(graph, {"actor": "gpu0"})
