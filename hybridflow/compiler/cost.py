@@ -1,0 +1,336 @@
+"""The analytical cost model: one rule per node kind, in a table keyed by kind.
+
+Each work record (:class:`Generate`, :class:`Infer`, :class:`Score`,
+:class:`Compute`, :class:`Update`, and the transitions :class:`WeightSync`,
+:class:`Offload`, :class:`Onload`) names its ``kind``; :data:`COST_RULES` maps
+the kind to a pure function ``(work, cluster, options) -> CostRecord`` giving
+the time in seconds and the peak memory of one device. :func:`estimate` looks
+the rule up. A new node kind is a new record plus one table entry.
+
+Formulas (N = ``flop_params``, FLOP-bearing parameters; ``peak`` = device
+bf16 FLOP/s; every rate is scaled by the cluster's efficiency factors):
+
+- generation (prefill + decode; Pope et al. 2022 "Efficiently Scaling
+  Transformer Inference", §2): prefill is compute-bound,
+  ``2·N·b·P / (tg·peak·mfu_prefill)``; each of the ``R`` decode steps reads the
+  weights and the batch's KV cache, ``(2·N/tg + KV(b)/min(tg, kv)) / (bw·eff)``,
+  or computes ``2·N·b/(tg·peak·mfu_infer)``, whichever is longer (roofline).
+  The batch ``b = ceil(S/dg)`` runs in waves when its KV cache does not fit.
+  Pipeline stages (pg) run one after another for a batch: pg buys memory, not speed.
+- forward passes (log-probs, values, scores): ``2·N`` FLOPs per token (Kaplan
+  et al. 2020, §2.1); training: ``6·N`` per token, ``8·N`` with full activation
+  recomputation (one extra forward; Korthikanti et al. 2022, §4), plus the
+  Adam step, memory-bound over ``30`` bytes/param of its shard.
+- tensor parallelism (Shoeybi et al. 2019, §3): 2 all-reduces of ``tokens·h·2``
+  bytes per layer per forward, 2 per backward (and 2 per recomputed forward).
+- ZeRO-3 / FSDP (Rajbhandari et al. 2020; Zhao et al. 2023): per micro-batch an
+  all-gather of the bf16 shard for the forward, another for the backward, and
+  a reduce-scatter of the gradients; prefetching overlaps them with compute,
+  so a step costs ``max(compute, dp comm)``.
+- pipeline parallelism: bubble ``(p−1)/m`` of the compute for ``m``
+  micro-batches (Narayanan et al. 2021, §2.2), plus sending activations between
+  stages.
+- memory: :mod:`hybridflow.compiler.memory`; collectives: :mod:`hybridflow.compiler.comm`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import PlanError
+from . import memory as mem
+from .cluster import ClusterSpec
+from .comm import all_gather_time, all_reduce_time, span_of_group
+from .layout import Layout
+from .models import ModelSpec
+from .reshard import hybrid_engine_figures
+
+__all__ = [
+    "CostOptions", "CostRecord", "Generate", "Infer", "Score", "Compute", "Update",
+    "WeightSync", "Offload", "Onload", "COST_RULES", "estimate", "generation_plan", "generation_time", "waves_for",
+]
+
+INF = math.inf
+
+
+class CostOptions(BaseModel):
+    """Engine settings the cost model needs besides the cluster's figures."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    activation_checkpointing: bool = Field(default=True, description="Training recomputes activations (8·N FLOPs/token, 2·s·b·h bytes kept per layer).")
+    train_micro_batch: int = Field(default=4, ge=1, description="Sequences per training micro-batch.")
+    infer_micro_batch: int = Field(default=16, ge=1, description="Sequences per forward-only micro-batch (log-probs, values, scores).")
+    controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
+
+
+@dataclass(frozen=True)
+class CostRecord:
+    """Predicted time (s) and per-device peak memory (bytes) of one node, with its parts."""
+
+    kind: str
+    time_s: float
+    peak_memory_bytes: float
+    parts: tuple[tuple[str, float], ...] = ()
+    problem: str | None = None
+    """Why the work cannot run (then ``time_s`` is inf)."""
+
+    @property
+    def feasible(self) -> bool:
+        return self.problem is None
+
+
+def _infeasible(kind: str, problem: str, peak: float = INF) -> CostRecord:
+    return CostRecord(kind=kind, time_s=INF, peak_memory_bytes=peak, problem=problem)
+
+
+# ---------------------------------------------------------------- work records
+@dataclass(frozen=True)
+class Generate:
+    """Generate ``response_len`` tokens for each of ``sequences`` prompts of ``prompt_len`` tokens on ``layout`` (dg, tg, pg).
+
+    ``memory_used_bytes``: what else each device holds meanwhile (model states);
+    the KV cache gets what is left of the usable memory.
+    """
+
+    kind: ClassVar[str] = "generate"
+    model: ModelSpec
+    layout: Layout
+    sequences: int
+    prompt_len: int
+    response_len: int
+    memory_used_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class Infer:
+    """``passes`` forward passes over ``sequences`` sequences of ``seq_len`` tokens (log-probs or values)."""
+
+    kind: ClassVar[str] = "infer"
+    model: ModelSpec
+    layout: Layout
+    trainable: bool
+    sequences: int
+    seq_len: int
+    passes: int = 1
+
+
+@dataclass(frozen=True)
+class Score(Infer):
+    """A reward model's forward pass; costed like :class:`Infer`."""
+
+    kind: ClassVar[str] = "score"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Controller-side tensor math (advantages, KL, ...) over ``tokens`` tokens."""
+
+    kind: ClassVar[str] = "compute"
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Update:
+    """``epochs`` passes of ``mini_batches`` optimizer steps each over ``sequences`` sequences of ``seq_len`` tokens."""
+
+    kind: ClassVar[str] = "update"
+    model: ModelSpec
+    layout: Layout
+    sequences: int
+    seq_len: int
+    epochs: int = 1
+    mini_batches: int = 1
+
+
+@dataclass(frozen=True)
+class WeightSync:
+    """The hybrid-engine transition of the actor from ``train`` to ``gen`` layout on one pool (ZeRO-3 training)."""
+
+    kind: ClassVar[str] = "weight_sync"
+    model: ModelSpec
+    train: Layout
+    gen: Layout
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Move ``nbytes`` per device from device to host memory."""
+
+    kind: ClassVar[str] = "offload"
+    nbytes: float
+
+
+@dataclass(frozen=True)
+class Onload(Offload):
+    """Move ``nbytes`` per device from host back to device memory."""
+
+    kind: ClassVar[str] = "onload"
+
+
+# ---------------------------------------------------------------- rules
+def generation_plan(model: ModelSpec, layout: Layout, sequences: int, seq_len: int, memory_used: float,
+                    cluster: ClusterSpec) -> tuple[int, int] | None:
+    """(waves, sequences per wave) of one generation replica, or None when not one sequence's KV cache fits.
+
+    Each of the ``dg`` replicas gets ``ceil(S/dg)`` sequences; the KV cache may
+    use what the states (``memory_used``) and the generation weights leave.
+    """
+    weights = mem.generation_weight_bytes(model, layout)
+    per_seq = mem.kv_bytes_per_sequence(model, layout, seq_len)
+    return waves_for(cluster.usable_memory_bytes - memory_used - weights, per_seq, math.ceil(sequences / layout.dp))
+
+
+def waves_for(kv_budget: float, per_seq: float, seqs: int) -> tuple[int, int] | None:
+    """(waves, batch) for ``seqs`` sequences of ``per_seq`` KV bytes in ``kv_budget`` bytes; None if one does not fit."""
+    if kv_budget < per_seq:
+        return None
+    waves = math.ceil(seqs / int(kv_budget // per_seq))
+    return waves, math.ceil(seqs / waves)
+
+
+@lru_cache(maxsize=100_000)
+def generation_time(model: ModelSpec, layout: Layout, batch: int, prompt_len: int, response_len: int,
+                    cluster: ClusterSpec) -> tuple[float, float]:
+    """(prefill, decode) seconds of one wave of ``batch`` sequences on one replica (module docstring)."""
+    n, tokens_prefill = model.flop_params, batch * prompt_len
+    prefill = 2 * n * tokens_prefill / (layout.tp * cluster.peak_flops * cluster.mfu_prefill)
+    prefill += 2 * model.layers * all_reduce_time(tokens_prefill * model.hidden * 2, layout.tp, layout.tp, cluster)
+    context = prompt_len + (response_len - 1) / 2  # mean context length over the decode steps
+    read = 2 * n / layout.tp + batch * context * model.kv_bytes_per_token() / min(layout.tp, model.kv_heads)
+    step_memory = read / (cluster.memory_bandwidth * cluster.memory_bandwidth_efficiency)
+    step_compute = 2 * n * batch / (layout.tp * cluster.peak_flops * cluster.mfu_infer)
+    step_comm = 2 * model.layers * all_reduce_time(batch * model.hidden * 2, layout.tp, layout.tp, cluster)
+    return prefill, response_len * (max(step_memory, step_compute) + step_comm)
+
+
+def generate_cost(w: Generate, c: ClusterSpec, o: CostOptions) -> CostRecord:
+    """Prefill + decode roofline of the module docstring, in waves when a replica's KV cache does not fit at once."""
+    m, g = w.model, w.layout
+    plan = generation_plan(m, g, w.sequences, w.prompt_len + w.response_len, w.memory_used_bytes, c)
+    if plan is None:
+        weights = mem.generation_weight_bytes(m, g)
+        return _infeasible("generate", f"{m.name} on {g}: weights {weights / 2**30:.1f} GiB and "
+                           f"{w.memory_used_bytes / 2**30:.1f} GiB of states leave no room for one sequence's KV cache")
+    waves, batch = plan
+    prefill, decode = generation_time(m, g, batch, w.prompt_len, w.response_len, c)
+    peak = (w.memory_used_bytes + mem.generation_weight_bytes(m, g)
+            + batch * mem.kv_bytes_per_sequence(m, g, w.prompt_len + w.response_len))
+    return CostRecord("generate", waves * (prefill + decode), peak,
+                      (("prefill", waves * prefill), ("decode", waves * decode), ("waves", float(waves))))
+
+
+def _forward_parts(model: ModelSpec, layout: Layout, tokens_per_micro: float, micro_batches: int,
+                   all_reduces_per_layer: int, sends: int, c: ClusterSpec) -> tuple[float, float]:
+    """(tensor-parallel all-reduce time, pipeline send time) of one device for ``micro_batches`` micro-batches.
+
+    Each all-reduce and each stage-to-stage send moves the micro-batch's bf16
+    activations, tokens·h·2 bytes.
+    """
+    act = tokens_per_micro * model.hidden * 2
+    layers = model.layers / layout.pp
+    tp = layers * all_reduces_per_layer * micro_batches * all_reduce_time(act, layout.tp, layout.tp, c)
+    pp = 0.0 if layout.pp == 1 else micro_batches * sends * act / c.link_bandwidth(layout.model_parallel)
+    return tp, pp
+
+
+def _zero3_time(model: ModelSpec, layout: Layout, collectives: int, c: ClusterSpec) -> float:
+    """``collectives`` all-gathers / reduce-scatters of the bf16 tp·pp shard over the dp ranks (stride tp·pp)."""
+    if layout.dp == 1:
+        return 0.0
+    span = span_of_group(layout.dp, layout.model_parallel)
+    return collectives * all_gather_time(2 * model.params / layout.model_parallel, layout.dp, span, c)
+
+
+def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
+    """Forward passes: max(2·N·tokens/(t·p·peak·mfu_infer), ZeRO-3 gathers) + bubble + TP/PP comm."""
+    m, l = w.model, w.layout
+    seqs = math.ceil(w.sequences / l.dp)
+    micro = min(o.infer_micro_batch, seqs)
+    micro_batches = math.ceil(seqs / micro)
+    compute = 2 * m.flop_params * seqs * w.seq_len / (l.model_parallel * c.peak_flops * c.mfu_infer)
+    bubble = compute * (l.pp - 1) / micro_batches
+    tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 2, 1, c)
+    dp = micro_batches * _zero3_time(m, l, 1, c) if w.trainable else 0.0
+    once = max(compute, dp) + bubble + tp + pp
+    peak = (mem.resident_bytes(m, l, w.trainable) + mem.gathered_param_bytes(m, l, w.trainable)
+            + mem.forward_activation_bytes(m, l, w.seq_len, micro))
+    return CostRecord(w.kind, w.passes * once, peak,
+                      (("compute", w.passes * compute), ("dp_comm", w.passes * dp), ("bubble", w.passes * bubble),
+                       ("tp_comm", w.passes * tp), ("pp_comm", w.passes * pp)))
+
+
+def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
+    """Training steps: max((6|8)·N·tokens/(t·p·peak·mfu_train), ZeRO-3 comm) + bubble + TP/PP comm + Adam step."""
+    m, l = w.model, w.layout
+    steps = w.epochs * w.mini_batches
+    seqs = math.ceil(w.sequences / (w.mini_batches * l.dp))
+    micro = min(o.train_micro_batch, seqs)
+    micro_batches = math.ceil(seqs / micro)
+    flops_per_token = (8 if o.activation_checkpointing else 6) * m.flop_params
+    compute = flops_per_token * seqs * w.seq_len / (l.model_parallel * c.peak_flops * c.mfu_train)
+    bubble = compute * (l.pp - 1) / micro_batches
+    tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
+    dp = micro_batches * _zero3_time(m, l, 3, c)
+    adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
+    step = max(compute, dp) + bubble + tp + pp + adam
+    peak = (mem.resident_bytes(m, l, True) + mem.gathered_param_bytes(m, l, True)
+            + mem.train_activation_bytes(m, l, w.seq_len, micro, micro_batches, o.activation_checkpointing))
+    return CostRecord("update", steps * step, peak,
+                      (("compute", steps * compute), ("dp_comm", steps * dp), ("bubble", steps * bubble),
+                       ("tp_comm", steps * tp), ("pp_comm", steps * pp), ("optimizer", steps * adam)))
+
+
+def compute_cost(w: Compute, c: ClusterSpec, o: CostOptions) -> CostRecord:
+    """Controller math, memory-bound on the host: tokens·controller_bytes_per_token / host bandwidth."""
+    return CostRecord("compute", w.tokens * o.controller_bytes_per_token / c.host_bandwidth, 0.0)
+
+
+def weight_sync_cost(w: WeightSync, c: ClusterSpec, o: CostOptions) -> CostRecord:
+    """Hybrid-engine all-gather within micro-DP groups: (M/(tg·pg) − M/n) bytes per rank, peak M/(tg·pg).
+
+    The micro-DP groups are strided so that the generation TP groups stay
+    inside a node; they cross nodes whenever the pool does.
+    """
+    model_bytes = mem.PARAM_BYTES * w.model.params
+    try:
+        figures = hybrid_engine_figures(model_bytes, w.train, w.gen, sharded_over_dp=True)
+    except PlanError as err:
+        return _infeasible("weight_sync", str(err))
+    if figures.comm_volume_bytes <= 0:
+        return CostRecord("weight_sync", 0.0, figures.peak_memory_bytes)
+    time = c.collective_latency_s + figures.comm_volume_bytes / c.link_bandwidth(w.train.size)
+    return CostRecord("weight_sync", time, figures.peak_memory_bytes, (("all_gather", time),))
+
+
+def transfer_cost(w: Offload, c: ClusterSpec, o: CostOptions) -> CostRecord:
+    """Host <-> device copy over PCIe: nbytes / (host_bandwidth · comm_efficiency)."""
+    return CostRecord(w.kind, w.nbytes / (c.host_bandwidth * c.comm_efficiency), 0.0)
+
+
+COST_RULES: dict[str, Callable[..., CostRecord]] = {
+    "generate": generate_cost,
+    "infer": infer_cost,
+    "score": infer_cost,
+    "compute": compute_cost,
+    "update": update_cost,
+    "weight_sync": weight_sync_cost,
+    "offload": transfer_cost,
+    "onload": transfer_cost,
+}
+
+
+def estimate(work: object, cluster: ClusterSpec, options: CostOptions | None = None) -> CostRecord:
+    """Cost of ``work`` by the rule registered for its ``kind``."""
+    kind = getattr(work, "kind", None)
+    rule = COST_RULES.get(kind) if isinstance(kind, str) else None
+    if rule is None:
+        raise PlanError(f"no cost rule for {type(work).__name__} (kind {kind!r}); register one in hybridflow.compiler.cost.COST_RULES")
+    return rule(work, cluster, options or DEFAULT_OPTIONS)
+
+
+DEFAULT_OPTIONS = CostOptions()

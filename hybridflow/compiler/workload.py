@@ -1,0 +1,145 @@
+"""The work of one RL iteration, per role, in tokens: what the placement search simulates.
+
+A :class:`Workload` is the compiler's view of an algorithm graph once the
+tensors are gone: the rollout batch (:class:`GenerationWork`) and, per role
+(:class:`RoleWork`), which model it runs, whether it is trained, and how many
+generate / forward / score / training passes it makes over the batch. The
+graph -> workload lowering (one ``RoleWork`` per role, counting its nodes by
+kind) lives with the compiler passes; here the record is built directly.
+
+An iteration runs in three **stages**, in order (HybridFlow appendix C):
+``generate`` (the generating role samples responses; its weights are first
+moved to the generation layout), ``infer`` (every role's forward passes over
+the rollout: old/ref log-probs, values, scores), then the controller's
+``compute`` (advantages) and ``train`` (every trainable role's update).
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import ConfigError
+from .models import ModelSpec
+
+__all__ = ["STAGES", "GenerationWork", "RoleWork", "Workload", "ppo_workload", "grpo_workload", "paper_workload"]
+
+STAGES = ("generate", "infer", "train")
+"""Stages of an iteration, in order; roles working in one stage on disjoint pools run concurrently."""
+
+
+class GenerationWork(BaseModel):
+    """The rollout batch: ``prompts x samples`` sequences of ``prompt_len + response_len`` tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompts: int = Field(ge=1, description="Prompts per iteration (global batch).")
+    prompt_len: int = Field(ge=1, description="Tokens per prompt (padded length).")
+    response_len: int = Field(ge=1, description="Tokens generated per response.")
+    samples: int = Field(default=1, ge=1, description="Responses per prompt (n; GRPO/RLOO groups).")
+
+    @property
+    def sequences(self) -> int:
+        """Responses per iteration: prompts x samples."""
+        return self.prompts * self.samples
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per sequence: prompt_len + response_len."""
+        return self.prompt_len + self.response_len
+
+
+class RoleWork(BaseModel):
+    """One role's model and its passes over the rollout batch per iteration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Role name: actor, critic, ref, reward, ...")
+    model: ModelSpec = Field(description="The model this role runs.")
+    trainable: bool = Field(default=False, description="The role's weights are updated (18 B/param of state) or frozen (2 B/param).")
+    generates: bool = Field(default=False, description="The role samples the rollouts (the actor).")
+    infer_passes: int = Field(default=0, ge=0, description="Forward passes over the batch (log-probs, values).")
+    score_passes: int = Field(default=0, ge=0, description="Reward-model scoring passes over the batch.")
+    train_epochs: int = Field(default=0, ge=0, description="Epochs of updates over the batch (PPO epochs); 0 for frozen roles.")
+    mini_batches: int = Field(default=1, ge=1, description="Optimizer steps per epoch (batch / mini-batch size).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RoleWork":
+        if self.train_epochs and not self.trainable:
+            raise ConfigError(f"role {self.name!r}: train_epochs={self.train_epochs} but the role is not trainable; set trainable=True")
+        return self
+
+
+class Workload(BaseModel):
+    """The roles of an algorithm and the batch they work on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    roles: tuple[RoleWork, ...] = Field(description="Every role that runs a model, in a stable order.")
+    generation: GenerationWork = Field(description="The rollout batch.")
+    controller_compute: bool = Field(default=True, description="The controller computes advantages between the infer and train stages.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Workload":
+        names = [r.name for r in self.roles]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"workload: role names must be unique, got {names}")
+        if not names:
+            raise ConfigError("workload: needs at least one role")
+        if sum(r.generates for r in self.roles) > 1:
+            raise ConfigError("workload: at most one role generates the rollouts")
+        return self
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.roles)
+
+    def role(self, name: str) -> RoleWork:
+        """The role called ``name``."""
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise ConfigError(f"workload has no role {name!r}; roles: {', '.join(self.role_names)}")
+
+
+def _spec(model: ModelSpec | str) -> ModelSpec:
+    return ModelSpec.preset(model) if isinstance(model, str) else model
+
+
+def ppo_workload(actor: ModelSpec | str, critic: ModelSpec | str | None = None, ref: ModelSpec | str | None = None,
+                 reward: ModelSpec | str | None = None, *, prompts: int = 1024, prompt_len: int = 1024,
+                 response_len: int = 1024, samples: int = 1, ppo_epochs: int = 1, mini_batches: int = 4) -> Workload:
+    """PPO with four models: actor (generate, old log-probs, update), critic (values, update), ref (log-probs), reward (score).
+
+    Unnamed critic/ref/reward models default to the actor's (the paper uses
+    one size for all four). ``mini_batches=4`` is 1024 prompts in mini-batches
+    of 256, verl's example PPO setting.
+    """
+    a = _spec(actor)
+    return Workload(
+        roles=(
+            RoleWork(name="actor", model=a, trainable=True, generates=True, infer_passes=1,
+                     train_epochs=ppo_epochs, mini_batches=mini_batches),
+            RoleWork(name="critic", model=_spec(critic or a), trainable=True, infer_passes=1,
+                     train_epochs=ppo_epochs, mini_batches=mini_batches),
+            RoleWork(name="ref", model=_spec(ref or a), infer_passes=1),
+            RoleWork(name="reward", model=_spec(reward or a), score_passes=1),
+        ),
+        generation=GenerationWork(prompts=prompts, prompt_len=prompt_len, response_len=response_len, samples=samples))
+
+
+def grpo_workload(actor: ModelSpec | str, ref: ModelSpec | str | None = None, *, prompts: int = 1024,
+                  prompt_len: int = 1024, response_len: int = 1024, samples: int = 5, epochs: int = 1,
+                  mini_batches: int = 4) -> Workload:
+    """GRPO: actor (generate ``samples`` per prompt, old log-probs, update) and ref; the reward is a rule on the controller."""
+    a = _spec(actor)
+    return Workload(
+        roles=(
+            RoleWork(name="actor", model=a, trainable=True, generates=True, infer_passes=1,
+                     train_epochs=epochs, mini_batches=mini_batches),
+            RoleWork(name="ref", model=_spec(ref or a), infer_passes=1),
+        ),
+        generation=GenerationWork(prompts=prompts, prompt_len=prompt_len, response_len=response_len, samples=samples))
+
+
+def paper_workload(model: ModelSpec | str) -> Workload:
+    """HybridFlow §8.1's PPO workload: four roles of ``model``, 1024 prompts of 1024 tokens, 1024-token responses."""
+    return ppo_workload(model, prompts=1024, prompt_len=1024, response_len=1024)
