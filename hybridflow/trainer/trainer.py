@@ -1,0 +1,233 @@
+"""The Trainer: config -> algorithm graph -> compiled plan -> executor -> the loop.
+
+The loop is the same for every algorithm; the algorithm is only the graph
+(``PPOTrainer`` builds PPO's, ``GRPOTrainer`` GRPO's, ...). A step samples
+``rollout_batch_size`` prompts, runs one iteration of the plan, and logs the
+metrics; validation runs before training, every ``eval_freq`` steps and at the end.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..algorithms import get_algorithm
+from ..compiler.local_plan import plan_local
+from ..errors import ConfigError
+from ..graph import Graph
+from ..runtime.batch import Batch
+from ..runtime.engines import SamplingParams, TrainEngineConfig
+from ..runtime.roles import RoleSpec
+from .config import GRAPH_ATTRS, PPOConfig
+from .metrics import ConsoleTracker, JsonlTracker, Tracker, timing_metrics
+
+__all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer"]
+
+log = logging.getLogger("hybridflow.trainer")
+
+
+def load_function(path: str) -> Callable:
+    """``"package.module:function"`` -> the function; ConfigError naming the path otherwise."""
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr or "compute_score")
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"reward_fn {path!r} cannot be loaded ({err}); write it as 'package.module:function'") from None
+    if not callable(fn):
+        raise ConfigError(f"reward_fn {path!r} is not callable")
+    return fn
+
+
+class Trainer:
+    """Trains ``algorithm`` (a name from :data:`hybridflow.algorithms.ALGORITHMS`) as ``config`` says."""
+
+    algorithm = "ppo"
+
+    def __init__(self, config: PPOConfig | None = None, *, algorithm: str | None = None, trackers: list[Tracker] | None = None):
+        self.config = config or PPOConfig()
+        self.algorithm = algorithm or type(self).algorithm
+        self.output_dir = Path(self.config.output_dir)
+        self._reward_source: Any = None
+        self._trackers = trackers
+        self.executor = None
+        self.history: list[dict[str, float]] = []
+        self.step = 0
+
+    # -- wiring ------------------------------------------------------------------------
+    def set_reward_model(self, reward: Any) -> None:
+        """Score with ``reward``: an object with ``score(batch)`` (e.g. RemoteRewardModel) or a compute_score function."""
+        if self.executor is not None:
+            raise ConfigError("set_reward_model must be called before train()")
+        self._reward_source = reward
+
+    def build_graph(self) -> Graph:
+        """The algorithm's graph with the config's values for the attributes it has."""
+        algorithm = get_algorithm(self.algorithm)
+        attrs = {attr: getattr(self.config, field) for field, attr in GRAPH_ATTRS.items()
+                 if attr in algorithm.defaults and field in self.config.model_fields_set}
+        if "kl_as_loss" in algorithm.defaults:
+            attrs["kl_as_loss"] = not self.config.kl_in_reward
+        return algorithm.build(**attrs)
+
+    def _device_map(self, graph: Graph) -> dict[str, str]:
+        default = "cuda:0" if torch.cuda.is_available() else "cpu"
+        return {**{r.name: default for r in graph.roles}, **self.config.device_map}
+
+    def _prepare(self) -> None:
+        from ..data import load_tokenizer
+        from ..runtime.local import LocalExecutor
+        from .setup import actor_source, load_rows
+
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.actor_path = actor_source(cfg, self.output_dir)
+        self.tokenizer = load_tokenizer(self.actor_path)
+        self.train_rows, self.val_rows = load_rows(cfg)
+        self.graph = self.build_graph()
+        self.plan = plan_local(self.graph, self._device_map(self.graph))
+        (self.output_dir / "plan.json").write_text(self.plan.to_json())
+        if cfg.executor == "ray":
+            from ..runtime.ray import RayExecutor  # noqa: F401  (imported only when asked for)
+
+            raise ConfigError("executor='ray' needs the Ray executor, which this build does not include yet; use executor='local'")
+        self.executor = LocalExecutor(self.plan, self.role_specs())
+        if self._trackers is None:
+            self._trackers = [ConsoleTracker(cfg.log_every), JsonlTracker(self.output_dir / "metrics.jsonl")]
+
+    def role_specs(self) -> dict[str, RoleSpec]:
+        """How to build each role's engines from the config."""
+        cfg = self.config
+        sampling = SamplingParams(n=1, max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
+                                  top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
+        common = dict(max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay,
+                      ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
+                      num_threads=cfg.num_threads, seed=cfg.seed)
+        specs: dict[str, RoleSpec] = {}
+        for role in self.graph.roles:
+            if role.kind == "policy":
+                train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, **common)
+                specs[role.name] = RoleSpec(model=self.actor_path, tokenizer=self.tokenizer, train=train, sampling=sampling)
+            elif role.kind == "critic":
+                specs[role.name] = RoleSpec(model=cfg.critic_model_name or self.actor_path,
+                                            train=TrainEngineConfig(lr=cfg.critic_lr, **common))
+            elif role.kind == "reference":
+                specs[role.name] = RoleSpec(model=cfg.ref_model_name or self.actor_path, sampling=sampling)
+            else:
+                specs[role.name] = self._reward_spec()
+        return specs
+
+    def _reward_spec(self) -> RoleSpec:
+        cfg = self.config
+        if self._reward_source is not None:
+            return RoleSpec(reward=self._reward_source, tokenizer=self.tokenizer, unfinished_score=cfg.unfinished_score)
+        if cfg.reward_model_name:
+            return RoleSpec(model=cfg.reward_model_name)
+        return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=self.tokenizer, unfinished_score=cfg.unfinished_score)
+
+    # -- the loop --------------------------------------------------------------------------
+    def train(self) -> list[dict[str, float]]:
+        """Run ``max_steps`` steps; returns the metrics of every step (also written to metrics.jsonl)."""
+        from ..data import PromptLoader, PromptDataset
+
+        if self.executor is None:
+            self._prepare()
+        cfg = self.config
+        loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed, drop_last=False)
+        self._log(self.validate(), self.step)
+        while self.step < cfg.max_steps:
+            self.step += 1
+            metrics = self.train_step(loader.next_batch())
+            if cfg.eval_freq and self.step % cfg.eval_freq == 0 and self.step < cfg.max_steps:
+                metrics.update(self.validate())
+            if self.step == cfg.max_steps:
+                metrics.update(self.validate())
+            self.history.append(metrics)
+            self._log(metrics, self.step)
+        for tracker in self._trackers or ():
+            tracker.close()
+        return self.history
+
+    def train_step(self, rows: list[dict]) -> dict[str, float]:
+        from ..data import make_prompt_batch
+
+        prompts = make_prompt_batch(rows, self.tokenizer, max_prompt_length=self.config.max_prompt_length,
+                                    apply_chat_template=self.config.apply_chat_template)
+        start, first_span = time.perf_counter(), len(self.executor.recorder.spans)
+        result = self.executor.run_iteration({"prompts": prompts})
+        elapsed = time.perf_counter() - start
+        role_kinds = {r.name: r.kind for r in self.graph.roles}
+        ops = {n.name: n.op for n in self.graph.nodes}
+        metrics = dict(result.metrics)
+        metrics.update(timing_metrics(self.executor.recorder.spans[first_span:], role_kinds, ops))
+        tokens = sum(float(b["response_mask"].sum()) for n, b in result.env.items()
+                     if n != "prompts" and "response_mask" in b.tensors.keys())
+        metrics["timing_s/step"] = elapsed
+        metrics["perf/throughput"] = tokens / max(elapsed, 1e-9)
+        return metrics
+
+    # -- validation ----------------------------------------------------------------------------
+    def actor_engines(self):
+        policy = next(r.name for r in self.graph.roles if r.kind == "policy")
+        pool = self.plan.placement(policy).pool
+        return self.executor.workers[pool].engines[policy]
+
+    def reward_source(self):
+        reward = next(r.name for r in self.graph.roles if r.kind == "reward")
+        return self.executor.workers[self.plan.placement(reward).pool].engines[reward].reward
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Greedy score (accuracy for 0/1 rewards) and mean@k on the validation prompts."""
+        from ..data import make_prompt_batch
+
+        cfg = self.config
+        prompts = make_prompt_batch(self.val_rows, self.tokenizer, max_prompt_length=cfg.max_prompt_length,
+                                    apply_chat_template=cfg.apply_chat_template)
+        rollout = self.actor_engines().rollout
+        reward = self.reward_source()
+        greedy = rollout.generate(prompts, rollout.sampling.model_copy(update={"greedy": True, "n": 1, "seed": None}))
+        sampled = rollout.generate(prompts, rollout.sampling.model_copy(update={"n": cfg.val_samples}))
+        return {"val/score/greedy": float(reward.score(greedy).scores.mean()),
+                f"val/score/mean@{cfg.val_samples}": float(reward.score(sampled).scores.mean())}
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        for tracker in self._trackers or ():
+            tracker.log(metrics, step)
+
+
+class PPOTrainer(Trainer):
+    """PPO with a critic, GAE, and a KL penalty to the reference model (Ouyang et al. 2022)."""
+
+    algorithm = "ppo"
+
+
+class GRPOTrainer(Trainer):
+    """GRPO (Shao et al. 2024): n samples per prompt, group-normalised advantages, no critic."""
+
+    algorithm = "grpo"
+
+
+class RLOOTrainer(Trainer):
+    """RLOO (Ahmadian et al. 2024): leave-one-out baseline over n samples per prompt."""
+
+    algorithm = "rloo"
+
+
+class ReinforcePPTrainer(Trainer):
+    """REINFORCE++ (Hu 2025): KL-shaped token rewards, batch-whitened returns, no critic."""
+
+    algorithm = "reinforce_pp"
+
+
+class ReMaxTrainer(Trainer):
+    """ReMax (Li et al. 2023): the greedy response's reward as the baseline."""
+
+    algorithm = "remax"
