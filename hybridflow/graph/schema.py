@@ -16,7 +16,7 @@ from ..errors import GraphError
 
 __all__ = [
     "FieldSpec", "Schema", "parse_field",
-    "PROMPTS", "ROLLOUT", "OLD_LOG_PROBS", "REF_LOG_PROBS", "VALUES", "SCORES", "ADVANTAGES",
+    "PROMPTS", "ROLLOUT", "LOG_PROBS", "OLD_LOG_PROBS", "REF_LOG_PROBS", "VALUES", "SCORES", "ADVANTAGES",
     "STANDARD_SCHEMAS",
 ]
 
@@ -83,6 +83,9 @@ OLD_LOG_PROBS = Schema.of("old_log_probs: float32[B, R]")
 
 REF_LOG_PROBS = Schema.of("ref_log_probs: float32[B, R]")
 """Per-token log-probs of the responses under the frozen reference model."""
+
+LOG_PROBS = {"policy": OLD_LOG_PROBS, "reference": REF_LOG_PROBS}
+"""The LogProbs schema by the kind of role that computes it: ``actor.logprob`` -> old_log_probs, ``ref.logprob`` -> ref_log_probs."""
 
 VALUES = Schema.of("values: float32[B, R]")
 """Per-token value estimates of a critic."""

@@ -3,7 +3,11 @@
 The signature of a node follows from its kind, op, role and attributes alone:
 
 * model ops (generate, logprob, values, score, update) from the table
-  :data:`MODEL_OPS` below;
+  :data:`MODEL_OPS` below; nodes that run a model over responses (logprob,
+  values, score, update) read the sequence fields ``prompt_ids``,
+  ``prompt_mask``, ``response_ids``, ``response_mask`` explicitly, and an
+  update reads the inputs of its loss terms besides (their ``model_inputs``,
+  e.g. ``log_probs``, are computed by the model during the update);
 * compute ops and loss terms from :mod:`hybridflow_ops.registry`.
 
 :func:`node_signature` builds it (rejecting unknown ops, wrong op kinds,
@@ -28,7 +32,7 @@ from .errors import (
     UnknownAttrError, UnknownOpError,
 )
 from .ir import CONTROLLER, Role
-from .schema import OLD_LOG_PROBS, PROMPTS, REF_LOG_PROBS, ROLLOUT, VALUES, parse_field
+from .schema import LOG_PROBS, PROMPTS, ROLLOUT, VALUES, parse_field
 
 __all__ = [
     "ModelOp", "MODEL_OPS", "LOGPROB_FIELD", "SCORE_FIELD", "MODEL_PROVIDES",
@@ -55,7 +59,7 @@ def _with_batch(spec: FieldSpec, batch: str) -> FieldSpec:
 
 _SEQUENCE = tuple(ROLLOUT.get(n) for n in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"))
 
-LOGPROB_FIELD = {"policy": OLD_LOG_PROBS.fields[0], "reference": REF_LOG_PROBS.fields[0]}
+LOGPROB_FIELD = {kind: schema.fields[0] for kind, schema in LOG_PROBS.items()}
 """Which log-prob field a role kind's ``logprob`` writes."""
 
 SCORE_FIELD = {"reward": "scores", "cost": "costs"}
@@ -106,7 +110,8 @@ def _check_params(node: str, spec: OpSpec, params: tuple[tuple[str, object], ...
 
 
 def _update_inputs(node: str, role: Role, attrs: UpdateAttrs) -> tuple[FieldSpec, ...]:
-    merged: dict[str, FieldSpec] = {}
+    """The sequences the trained model runs over, then the union of the loss terms' inputs."""
+    merged: dict[str, FieldSpec] = {f.name: f for f in _SEQUENCE}
     for term in attrs.terms:
         spec = _registered(node, term.op, "update", "loss", "an update's terms must be loss ops (ppo_clip, kl_loss, value_clip, ...)")
         _check_params(node, spec, term.params)

@@ -31,8 +31,11 @@ def test_inputs_are_resolved_by_field_name_from_the_union_of_values():
     assert [(i.name, i.source, i.field) for i in node.inputs] == [
         ("scores", "reward.score", "scores"), ("response_mask", "actor.generate", "response_mask")]
     update = tiny.build().node("actor.update")
-    assert {i.name: i.source for i in update.inputs} == {
-        "old_log_probs": "actor.logprob", "advantages": "t_adv", "response_mask": "actor.generate", "ref_log_probs": "ref.logprob"}
+    # the sequences the actor is run over during the update, then the loss terms' inputs in term order
+    assert [(i.name, i.source) for i in update.inputs] == [
+        ("prompt_ids", "actor.generate"), ("prompt_mask", "actor.generate"), ("response_ids", "actor.generate"),
+        ("response_mask", "actor.generate"), ("old_log_probs", "actor.logprob"), ("advantages", "t_adv"),
+        ("ref_log_probs", "ref.logprob")]
     assert [(t.op, t.weight, t.params) for t in update.attrs.terms] == [("t_pg", 1.0, (("clip", 0.3),)), ("t_kl", 0.1, ())]
 
 
