@@ -1,16 +1,16 @@
 """hybridflow: RL post-training of language models as a dataflow-graph compiler and executor."""
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version as _version
+import importlib.metadata as _metadata
 
 try:
-    __version__ = _version("hybridflow")
-except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = _metadata.version("hybridflow")
+except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
 from .errors import HybridflowError
 
-__all__ = ["__version__", "HybridflowError", "algorithm", "compute", "loss", "register_op"]
+__all__ = ["__version__", "HybridflowError", "algorithm", "compute", "loss", "register_op", "PPOConfig", "Trainer"]
 
 # The DSL, resolved on first use so that `import hybridflow` (and `hybridflow --help`) stays light.
 _LAZY = {
@@ -18,6 +18,8 @@ _LAZY = {
     "compute": ("hybridflow.graph", "compute"),
     "loss": ("hybridflow.graph", "loss"),
     "register_op": ("hybridflow_ops.registry", "register_op"),
+    "PPOConfig": ("hybridflow.trainer", "PPOConfig"),
+    "Trainer": ("hybridflow.trainer", "Trainer"),
 }
 
 
@@ -30,3 +32,7 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'hybridflow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({n for n in globals() if not n.startswith("_") and n != "annotations"} | set(__all__))

@@ -15,7 +15,19 @@ from .remax import remax
 from .rloo import rloo
 from .safe_rlhf import safe_rlhf
 
-__all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "rloo", "reinforce_pp", "remax", "safe_rlhf"]
+__all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "rloo", "reinforce_pp", "remax", "safe_rlhf",
+           "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer"]
+
+_TRAINERS = ("PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer")
+
+
+def __getattr__(name: str):
+    """The trainers (``from hybridflow.algorithms import GRPOTrainer``), imported on first use."""
+    if name in _TRAINERS:
+        from .. import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'hybridflow.algorithms' has no attribute {name!r}")
 
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": ppo, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
