@@ -41,6 +41,16 @@ def test_viz_graph_json_file(tmp_path, capsys):
     assert "actor.generate_greedy" in (tmp_path / "drawn.dot").read_text()
 
 
+def test_viz_graph_json_with_ops_this_process_does_not_know(tmp_path, capsys):
+    doc = json.loads(ALGORITHMS["grpo"].build().to_json())
+    node = next(n for n in doc["nodes"] if n["kind"] == "compute")
+    node["op"] = "someone_elses_op"  # registered by a module the CLI never imported
+    path = tmp_path / "custom.json"
+    path.write_text(json.dumps(doc))
+    assert main(["viz", str(path), "-o", str(tmp_path / "custom")]) == 0
+    assert "someone_elses_op" in (tmp_path / "custom.dot").read_text()
+
+
 def test_viz_errors_are_messages(tmp_path, capsys):
     assert main(["viz", "no_such_algorithm"]) == 1
     assert "neither a standard algorithm" in capsys.readouterr().err
