@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 
@@ -42,8 +42,8 @@ class ModelSpec(BaseModel):
     mlp_bias: bool = Field(default=False, description="MLP projections have biases (Llama with mlp_bias).")
     params: int = Field(default=0, ge=0, description="Total parameters; 0 means computed by count_params.")
 
-    @model_validator(mode="after")
-    def _fill_derived(self) -> "ModelSpec":
+    def model_post_init(self, context: Any) -> None:
+        """Fill head_dim and params; checks raise ConfigError (not wrapped by pydantic, unlike validators)."""
         if self.head_dim == 0:
             if self.hidden % self.heads:
                 raise ConfigError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}; give head_dim")
@@ -52,7 +52,6 @@ class ModelSpec(BaseModel):
             raise ConfigError(f"model {self.name!r}: heads {self.heads} must be a multiple of kv_heads {self.kv_heads}")
         if self.params == 0:
             object.__setattr__(self, "params", count_params(self))
-        return self
 
     # ----------------------------------------------------------------- sizes
     @property

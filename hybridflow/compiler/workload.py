@@ -15,7 +15,7 @@ the rollout: old/ref log-probs, values, scores), then the controller's
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 from .models import ModelSpec
@@ -61,11 +61,9 @@ class RoleWork(BaseModel):
     train_epochs: int = Field(default=0, ge=0, description="Epochs of updates over the batch (PPO epochs); 0 for frozen roles.")
     mini_batches: int = Field(default=1, ge=1, description="Optimizer steps per epoch (batch / mini-batch size).")
 
-    @model_validator(mode="after")
-    def _check(self) -> "RoleWork":
+    def model_post_init(self, context: object) -> None:
         if self.train_epochs and not self.trainable:
             raise ConfigError(f"role {self.name!r}: train_epochs={self.train_epochs} but the role is not trainable; set trainable=True")
-        return self
 
 
 class Workload(BaseModel):
@@ -77,8 +75,7 @@ class Workload(BaseModel):
     generation: GenerationWork = Field(description="The rollout batch.")
     controller_compute: bool = Field(default=True, description="The controller computes advantages between the infer and train stages.")
 
-    @model_validator(mode="after")
-    def _check(self) -> "Workload":
+    def model_post_init(self, context: object) -> None:
         names = [r.name for r in self.roles]
         if len(set(names)) != len(names):
             raise ConfigError(f"workload: role names must be unique, got {names}")
@@ -86,7 +83,6 @@ class Workload(BaseModel):
             raise ConfigError("workload: needs at least one role")
         if sum(r.generates for r in self.roles) > 1:
             raise ConfigError("workload: at most one role generates the rollouts")
-        return self
 
     @property
     def role_names(self) -> tuple[str, ...]:
