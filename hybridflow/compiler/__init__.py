@@ -1,1 +1,29 @@
-"""The compiler: cluster and model descriptions, the cost model, placement search and reshard math."""
+"""The compiler: cluster and model descriptions, the cost model, placement search and reshard math.
+
+Main entry points (each module's docstring has the formulas and sources):
+
+- :class:`ClusterSpec` (``ClusterSpec.parse("a100-80g:16")``), :class:`ModelSpec`
+  (``ModelSpec.preset("llama2-70b")``, ``ModelSpec.from_config(config)``);
+- :class:`Workload` / :class:`RoleWork` / :class:`GenerationWork`, with
+  :func:`ppo_workload`, :func:`grpo_workload`, :func:`paper_workload`;
+- :func:`estimate` and the cost-rule table ``COST_RULES`` (:mod:`.cost`);
+- :class:`Layout`; :func:`search`, :func:`place`, :func:`evaluate`,
+  :func:`manual_placement`, :func:`placement_from_device_map` (:mod:`.placement`);
+- :func:`hybrid_engine_groups`, :func:`hybrid_engine_figures`, :func:`cross_pool_sync` (:mod:`.reshard`);
+- :func:`simulate_table` (:mod:`.simulate`).
+"""
+from .cluster import ClusterSpec
+from .cost import COST_RULES, CostOptions, CostRecord, estimate
+from .layout import Layout
+from .models import ModelSpec
+from .placement import Placement, Pool, PoolSpec, RolePlacement, evaluate, manual_placement, place, placement_from_device_map, search
+from .reshard import cross_pool_sync, hybrid_engine_figures, hybrid_engine_groups
+from .simulate import simulate_table
+from .workload import GenerationWork, RoleWork, Workload, grpo_workload, paper_workload, ppo_workload
+
+__all__ = [
+    "ClusterSpec", "ModelSpec", "Layout", "CostOptions", "CostRecord", "COST_RULES", "estimate",
+    "GenerationWork", "RoleWork", "Workload", "ppo_workload", "grpo_workload", "paper_workload",
+    "Placement", "Pool", "PoolSpec", "RolePlacement", "evaluate", "search", "place", "manual_placement",
+    "placement_from_device_map", "hybrid_engine_groups", "hybrid_engine_figures", "cross_pool_sync", "simulate_table",
+]

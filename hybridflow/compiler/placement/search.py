@@ -33,7 +33,7 @@ from ..cluster import ClusterSpec
 from ..cost import CostOptions
 from ..workload import STAGES, Workload
 from .evaluate import PlacementCost, controller_time, evaluate
-from .options import GroupOption, group_options
+from .options import GroupOption, group_options, pareto
 from .types import Placement, Pool, RolePlacement
 
 __all__ = ["ScoredPlacement", "SearchResult", "FIXED_STRATEGIES", "allowed_sizes", "packs", "set_partitions",
@@ -256,8 +256,7 @@ def _group_candidates(workload, cluster, options, group) -> list[GroupOption]:
     """All sizes' options of one group, Pareto-pruned on (size, stage times), fastest first."""
     roles = _group_roles(workload, group)
     found = [o for n in allowed_sizes(cluster) for o in group_options(roles, n, workload.generation, cluster, options)]
-    kept = [o for o in found if not any(p is not o and p.size <= o.size and all(a <= b for a, b in zip(p.times, o.times))
-                                        and (p.size < o.size or p.times != o.times or found.index(p) < found.index(o)) for p in found)]
+    kept = pareto(found, key=lambda o: (float(o.size),) + o.times)  # fewer devices never packs worse
     return sorted(kept, key=lambda o: (sum(o.times), o.size))
 
 
