@@ -10,7 +10,7 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was ne
 
 from .errors import HybridflowError
 
-__all__ = ["__version__", "HybridflowError", "algorithm", "compute", "loss", "register_op", "PPOConfig", "Trainer"]
+__all__ = ["__version__", "HybridflowError", "algorithm", "compute", "loss", "register_op", "PPOConfig", "Trainer", "RolloutManager"]
 
 # The DSL, resolved on first use so that `import hybridflow` (and `hybridflow --help`) stays light.
 _LAZY = {
@@ -20,6 +20,7 @@ _LAZY = {
     "register_op": ("hybridflow_ops.registry", "register_op"),
     "PPOConfig": ("hybridflow.trainer", "PPOConfig"),
     "Trainer": ("hybridflow.trainer", "Trainer"),
+    "RolloutManager": ("hybridflow.trainer", "RolloutManager"),
 }
 
 

@@ -8,13 +8,22 @@ engines, the data and the loop.
 """
 from __future__ import annotations
 
+import difflib
+import hashlib
+import json
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
 
-__all__ = ["PPOConfig", "GRAPH_ATTRS", "config_error"]
+__all__ = ["PPOConfig", "GRAPH_ATTRS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error", "config_hash"]
+
+TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+"""Tracker names the ``trackers`` field accepts."""
+TrackerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 
 
 class PPOConfig(BaseModel):
@@ -74,11 +83,48 @@ class PPOConfig(BaseModel):
     save_freq: int = Field(0, ge=0, description="Checkpoint every this many steps (0: never).")
     output_dir: str = Field("runs/hybridflow", description="Where metrics, drawings, traces and checkpoints go.")
     log_every: int = Field(1, ge=1, description="Print metrics to the console every this many steps.")
+    # -- checkpoints and resumption -------------------------------------------
+    resume: str = Field("auto", description="'auto': continue from the newest complete checkpoint in output_dir/checkpoints (a fresh start when there is none); 'never': start fresh (an error if output_dir holds checkpoints); or the path of one checkpoint folder.")
+    keep_checkpoints: int = Field(3, ge=1, description="Keep the newest this many checkpoints; older ones are deleted after each save.")
+    max_nan_steps: int = Field(3, ge=1, description="Abort after this many steps in a row whose update skipped a mini-batch for a non-finite loss or gradient norm.")
+    # -- tracking -----------------------------------------------------------
+    trackers: tuple[TrackerName, ...] = Field(("console", "jsonl", "tensorboard"), description="Where metrics go: console, jsonl (output_dir/metrics.jsonl), tensorboard (output_dir/tensorboard), wandb and mlflow (offline unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise). A default tracker whose package is missing is skipped with a warning; one named explicitly is an error.")
+    progress_bar: bool = Field(True, description="Show a progress bar over steps (ETA, live mean reward, current phase) when the output is a terminal.")
+    project_name: str = Field("hybridflow", description="W&B project / MLflow experiment name.")
+    experiment_name: str | None = Field(None, description="W&B / MLflow run name; None: the output_dir's folder name.")
+
+    def __init__(self, **data):
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise config_error(err, "PPOConfig") from None
+
+    def __setattr__(self, name: str, value) -> None:
+        """Assignments are validated like the constructor's arguments (``config.device_map = {...}``)."""
+        if name not in type(self).model_fields and not name.startswith("_"):
+            raise ConfigError(f"PPOConfig has no field {name!r}{_suggestion(name)}")
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as err:
+            raise config_error(err, f"PPOConfig.{name}") from None
 
     @field_validator("device_map")
     @classmethod
-    def _devices_are_strings(cls, value: dict) -> dict:
-        return {str(k): str(v) for k, v in value.items()}
+    def _devices_are_devices(cls, value: dict) -> dict:
+        out = {}
+        for key, device in value.items():
+            text = str(device).strip().lower()
+            if not _DEVICE.match(text):
+                raise ValueError(f"device_map[{key!r}] = {device!r} is not a device; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+            out[str(key)] = text
+        return out
+
+    @field_validator("resume")
+    @classmethod
+    def _resume_mode(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("resume must be 'auto', 'never' or the path of a checkpoint folder")
+        return value.strip()
 
     @model_validator(mode="after")
     def _sizes_agree(self) -> "PPOConfig":
@@ -95,7 +141,32 @@ GRAPH_ATTRS: dict[str, str] = {
 """Config field -> graph attribute it sets, for the algorithms that have that attribute."""
 
 
+RUN_CONTROL_FIELDS = frozenset({
+    "max_steps", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
+    "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps",
+})
+"""Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
+
+
+def config_hash(config: PPOConfig) -> str:
+    """sha256 of the config's JSON without :data:`RUN_CONTROL_FIELDS`: equal hashes, same learning problem."""
+    data = config.model_dump(mode="json", exclude=set(RUN_CONTROL_FIELDS))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _suggestion(name: str) -> str:
+    close = difflib.get_close_matches(name, PPOConfig.model_fields, n=1)
+    return f"; did you mean {close[0]!r}?" if close else "; see `hybridflow run --help-config` for the fields"
+
+
 def config_error(err: ValidationError, where: str = "config") -> ConfigError:
-    """A ConfigError naming each invalid field path and why."""
-    lines = [f"  {'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in err.errors()]
+    """A ConfigError naming each invalid field path and why (with the closest field name for unknown keys)."""
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {path}: unknown field{_suggestion(str(e['loc'][-1]))}")
+        else:
+            got = f" (got {e['input']!r})" if not isinstance(e.get("input"), (dict, BaseModel)) else ""
+            lines.append(f"  {path}: {e['msg']}{got}")
     return ConfigError(f"invalid {where}:\n" + "\n".join(lines))

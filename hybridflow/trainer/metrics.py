@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Protocol, TextIO
 
 from ..runtime.spans import Span
 
-__all__ = ["TIMING_NAMES", "timing_metrics", "Tracker", "ConsoleTracker", "JsonlTracker", "format_metrics"]
+__all__ = ["TIMING_NAMES", "timing_metrics", "Tracker", "ConsoleTracker", "JsonlTracker", "format_metrics", "nan_streak"]
 
 TIMING_NAMES: dict[tuple[str, str], str] = {
     ("generate", "policy"): "timing_s/gen",
@@ -68,19 +68,34 @@ class ConsoleTracker:
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if step % self.every == 0 or any(k.startswith("val/") for k in metrics):
-            print(f"step {step:>4}  {format_metrics(metrics, self.KEYS)}", file=self.stream, flush=True)
+            from .progress import write_line
+
+            write_line(f"step {step:>4}  {format_metrics(metrics, self.KEYS)}", self.stream)
 
     def close(self) -> None:
         pass
 
 
 class JsonlTracker:
-    """Appends ``{"step": s, **metrics}`` per line to ``path``."""
+    """Writes ``{"step": s, **metrics}`` per line to ``path``.
 
-    def __init__(self, path: str | Path):
+    A fresh run (``resume_step`` None) starts the file anew; a resumed run keeps the lines
+    of steps up to ``resume_step`` (those after it are redone) and appends.
+    """
+
+    def __init__(self, path: str | Path, *, resume_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        kept = []
+        if resume_step is not None and self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line)["step"] <= resume_step:
+                        kept.append(line + "\n")
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line cut by the interruption
+        self._file = self.path.open("w", encoding="utf-8")
+        self._file.writelines(kept)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._file.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
@@ -88,3 +103,29 @@ class JsonlTracker:
 
     def close(self) -> None:
         self._file.close()
+
+
+def nan_streak(metrics: Mapping[str, float], step: int, streak: int, limit: int) -> int:
+    """The count of consecutive steps whose update skipped a non-finite mini-batch, this step included.
+
+    Raises ExecutionError naming the step and the metrics when it reaches ``limit``; warns otherwise.
+    """
+    import logging
+
+    from ..errors import ExecutionError
+
+    skipped = sorted(k for k, v in metrics.items() if k.endswith("/nan_skipped") and v > 0)
+    if not skipped:
+        return 0
+    streak += 1
+    bad = sorted(k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v))
+    what = ", ".join(skipped) + (f"; non-finite metrics: {', '.join(bad)}" if bad else "")
+    if streak >= limit:
+        raise ExecutionError(
+            f"step {step}: the loss or gradient norm was not finite in {streak} steps in a row ({what}); "
+            f"stopping (max_nan_steps={limit}). Lower the learning rate, check the rewards' scale, or "
+            "resume from an earlier checkpoint.")
+    logging.getLogger("hybridflow.trainer").warning(
+        "step %d: update skipped for a non-finite loss or gradient norm (%s); %d in a row, stopping at %d",
+        step, what, streak, limit)
+    return streak

@@ -1,14 +1,21 @@
-"""Where a run's model and prompts come from, when the config names them or not."""
+"""Where a run's model and prompts come from, and the checks made once before it starts."""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from .config import PPOConfig
+from ..errors import ConfigError, DataError
+from ..graph import Graph
+from .config import GRAPH_ATTRS, PPOConfig
 
-__all__ = ["actor_source", "load_rows"]
+__all__ = ["actor_source", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
+           "ignored_fields", "BUILTIN_RESPONSE_LENGTH"]
 
 log = logging.getLogger("hybridflow.trainer")
+
+BUILTIN_RESPONSE_LENGTH = 3
+"""max_response_length for the built-in arithmetic task when the config leaves it unset: the longest
+answer (18) is two tokens, plus EOS."""
 
 
 def actor_source(config: PPOConfig, output_dir: Path) -> str:
@@ -35,4 +42,49 @@ def load_rows(config: PPOConfig) -> tuple[list[dict], list[dict]]:
         train = make_arithmetic_rows()
         log.warning("no train_files given: using the built-in arithmetic task (all 100 prompts 'a+b=' with a, b in 0..9)")
     val = list(load_prompt_dataset(config.val_files)) if config.val_files else train
+    if len(train) < config.rollout_batch_size:
+        raise DataError(f"the training set has {len(train)} prompts, fewer than rollout_batch_size="
+                        f"{config.rollout_batch_size}; lower rollout_batch_size or add prompts")
     return train, val
+
+
+def response_length(config: PPOConfig) -> int:
+    """max_response_length, or the built-in task's own limit when neither it nor train_files is set."""
+    if config.train_files is None and "max_response_length" not in config.model_fields_set:
+        log.warning("built-in arithmetic task: max_response_length=%d (set it to override)", BUILTIN_RESPONSE_LENGTH)
+        return BUILTIN_RESPONSE_LENGTH
+    return config.max_response_length
+
+
+def responses_per_step(graph: Graph, config: PPOConfig) -> int:
+    """Prompts per step times the responses the graph samples per prompt (its first generate node's n)."""
+    n = next((node.attrs.n for node in graph.nodes if node.kind == "generate"), 1)
+    return config.rollout_batch_size * n
+
+
+def check_batch_sizes(graph: Graph, config: PPOConfig) -> None:
+    """batch_size must divide the responses of a step, micro_batch_size the mini-batch: ConfigError naming the sizes.
+
+    (An uneven last mini-batch would be an optimizer step on fewer samples; padding it is not
+    correct because padded rows would change Adam's moments. Uneven micro-batches are fine:
+    losses are normalised by the mini-batch's global token count.)
+    """
+    total = responses_per_step(graph, config)
+    n = total // config.rollout_batch_size
+    if config.batch_size is not None:
+        if config.batch_size > total:
+            raise ConfigError(f"batch_size ({config.batch_size}) is larger than the {total} responses of a step "
+                              f"(rollout_batch_size {config.rollout_batch_size} x {n} per prompt); lower it")
+        if total % config.batch_size:
+            raise ConfigError(f"batch_size ({config.batch_size}) does not divide the {total} responses of a step "
+                              f"(rollout_batch_size {config.rollout_batch_size} x {n} per prompt for {graph.name}); "
+                              f"use a divisor of {total}, e.g. {_divisor_near(total, config.batch_size)}")
+
+
+def _divisor_near(total: int, wanted: int) -> int:
+    return min((d for d in range(1, total + 1) if total % d == 0), key=lambda d: (abs(d - wanted), d))
+
+
+def ignored_fields(config: PPOConfig, defaults: dict) -> list[str]:
+    """Graph-attribute fields the user set that this algorithm's graph does not have."""
+    return [f for f, attr in GRAPH_ATTRS.items() if f in config.model_fields_set and attr not in defaults]

@@ -2,13 +2,14 @@
 
 The loop is the same for every algorithm; the algorithm is only the graph
 (``PPOTrainer`` builds PPO's, ``GRPOTrainer`` GRPO's, ...). A step samples
-``rollout_batch_size`` prompts, runs one iteration of the plan, and logs the
-metrics; validation runs before training, every ``eval_freq`` steps and at the end.
+``rollout_batch_size`` prompts, runs one iteration of the plan, validates when due
+(before training, every ``eval_freq`` steps, at the end), logs the metrics, and saves a
+checkpoint when due (every ``save_freq`` steps and at the end). ``resume`` picks the
+run up from a checkpoint (see :mod:`.checkpoint`).
 """
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import time
 from pathlib import Path
@@ -20,15 +21,18 @@ from ..algorithms import get_algorithm
 from ..compiler.local_plan import plan_local
 from ..errors import ConfigError
 from ..graph import Graph
-from ..runtime.batch import Batch
 from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
 from .config import GRAPH_ATTRS, PPOConfig
-from .metrics import ConsoleTracker, JsonlTracker, Tracker, timing_metrics
+from .metrics import Tracker, nan_streak, timing_metrics
+from .progress import StepProgress
 
-__all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer"]
+__all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "VAL_SEED_OFFSET"]
 
 log = logging.getLogger("hybridflow.trainer")
+
+VAL_SEED_OFFSET = 1_000_003
+"""Validation samples with seed ``config.seed + VAL_SEED_OFFSET``, so validating never moves training's generator."""
 
 
 def load_function(path: str) -> Callable:
@@ -51,27 +55,45 @@ class Trainer:
     def __init__(self, config: PPOConfig | None = None, *, algorithm: str | None = None, trackers: list[Tracker] | None = None):
         self.config = config or PPOConfig()
         self.algorithm = algorithm or type(self).algorithm
+        get_algorithm(self.algorithm)  # an unknown name fails here, not at train()
         self.output_dir = Path(self.config.output_dir)
         self._reward_source: Any = None
         self._trackers = trackers
         self.executor = None
+        self.progress: StepProgress | None = None
         self.history: list[dict[str, float]] = []
+        self.validations: dict[int, dict[str, float]] = {}
         self.step = 0
+        self.resumed_from: Path | None = None
+        self.last_checkpoint: Path | None = None
+        self._nan_streak = 0
 
     # -- wiring ------------------------------------------------------------------------
     def set_reward_model(self, reward: Any) -> None:
-        """Score with ``reward``: an object with ``score(batch)`` (e.g. RemoteRewardModel) or a compute_score function."""
-        if self.executor is not None:
-            raise ConfigError("set_reward_model must be called before train()")
+        """Score with ``reward``: an object with ``score(batch)`` (e.g. RemoteRewardModel) or a compute_score function.
+
+        Called after training started, it replaces the reward source for the steps that follow.
+        """
         self._reward_source = reward
+        if self.executor is not None:
+            from ..runtime.roles import build_engines
+
+            role = next(r.name for r in self.graph.roles if r.kind == "reward")
+            worker = self.executor.workers[self.plan.placement(role).pool]
+            worker.engines[role] = build_engines(role, "reward", self._reward_spec(), worker.device)
 
     def build_graph(self) -> Graph:
         """The algorithm's graph with the config's values for the attributes it has."""
+        from .setup import ignored_fields
+
         algorithm = get_algorithm(self.algorithm)
         attrs = {attr: getattr(self.config, field) for field, attr in GRAPH_ATTRS.items()
                  if attr in algorithm.defaults and field in self.config.model_fields_set}
         if "kl_as_loss" in algorithm.defaults:
             attrs["kl_as_loss"] = not self.config.kl_in_reward
+        ignored = ignored_fields(self.config, algorithm.defaults)
+        if ignored:
+            log.warning("%s has no attribute for %s; these config fields are ignored", self.algorithm, ", ".join(ignored))
         return algorithm.build(**attrs)
 
     def _device_map(self, graph: Graph) -> dict[str, str]:
@@ -79,9 +101,11 @@ class Trainer:
         return {**{r.name: default for r in graph.roles}, **self.config.device_map}
 
     def _prepare(self) -> None:
-        from ..data import load_tokenizer
+        from ..data import PromptDataset, PromptLoader, load_tokenizer
         from ..runtime.local import LocalExecutor
-        from .setup import actor_source, load_rows
+        from .progress import PhaseRecorder
+        from .setup import actor_source, check_batch_sizes, load_rows, response_length
+        from .trackers import build_trackers
 
         cfg = self.config
         torch.manual_seed(cfg.seed)
@@ -91,21 +115,24 @@ class Trainer:
         self.actor_path = actor_source(cfg, self.output_dir)
         self.tokenizer = load_tokenizer(self.actor_path)
         self.train_rows, self.val_rows = load_rows(cfg)
+        self.max_response_length = response_length(cfg)
         self.graph = self.build_graph()
+        check_batch_sizes(self.graph, cfg)
         self.plan = plan_local(self.graph, self._device_map(self.graph))
         (self.output_dir / "plan.json").write_text(self.plan.to_json())
         if cfg.executor == "ray":
-            from ..runtime.ray import RayExecutor  # noqa: F401  (imported only when asked for)
-
             raise ConfigError("executor='ray' needs the Ray executor, which this build does not include yet; use executor='local'")
-        self.executor = LocalExecutor(self.plan, self.role_specs())
+        recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
+        self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)
+        self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
+        self._resume()
         if self._trackers is None:
-            self._trackers = [ConsoleTracker(cfg.log_every), JsonlTracker(self.output_dir / "metrics.jsonl")]
+            self._trackers = build_trackers(cfg, self.output_dir, self.step if self.resumed_from else None)
 
     def role_specs(self) -> dict[str, RoleSpec]:
         """How to build each role's engines from the config."""
         cfg = self.config
-        sampling = SamplingParams(n=1, max_new_tokens=cfg.max_response_length, temperature=cfg.temperature,
+        sampling = SamplingParams(n=1, max_new_tokens=self.max_response_length, temperature=cfg.temperature,
                                   top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
         common = dict(max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay,
                       ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
@@ -134,25 +161,32 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
-        """Run ``max_steps`` steps; returns the metrics of every step (also written to metrics.jsonl)."""
-        from ..data import PromptLoader, PromptDataset
-
+        """Run up to ``max_steps`` steps; returns the metrics of the steps run (also sent to the trackers)."""
         if self.executor is None:
             self._prepare()
         cfg = self.config
-        loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed, drop_last=False)
-        self._log(self.validate(), self.step)
-        while self.step < cfg.max_steps:
-            self.step += 1
-            metrics = self.train_step(loader.next_batch())
-            if cfg.eval_freq and self.step % cfg.eval_freq == 0 and self.step < cfg.max_steps:
-                metrics.update(self.validate())
-            if self.step == cfg.max_steps:
-                metrics.update(self.validate())
-            self.history.append(metrics)
-            self._log(metrics, self.step)
-        for tracker in self._trackers or ():
-            tracker.close()
+        self.progress = StepProgress(cfg.max_steps, self.step, enabled=cfg.progress_bar)
+        try:
+            if self.step == 0:
+                self._log(self._validate_with_progress(), 0)
+            while self.step < cfg.max_steps:
+                self.step += 1
+                metrics = self.train_step(self.loader.next_batch())
+                last = self.step == cfg.max_steps
+                if last or (cfg.eval_freq and self.step % cfg.eval_freq == 0):
+                    metrics.update(self._validate_with_progress())
+                self._nan_streak = nan_streak(metrics, self.step, self._nan_streak, cfg.max_nan_steps)
+                self.history.append(metrics)
+                self.progress.step_done(metrics)
+                self._log(metrics, self.step)
+                if cfg.save_freq and (last or self.step % cfg.save_freq == 0):
+                    self.save_checkpoint()
+        finally:
+            self.progress.close()
+            self.progress = None
+            for tracker in self._trackers or ():
+                tracker.close()
+            self._trackers = []
         return self.history
 
     def train_step(self, rows: list[dict]) -> dict[str, float]:
@@ -173,16 +207,18 @@ class Trainer:
         metrics["perf/throughput"] = tokens / max(elapsed, 1e-9)
         return metrics
 
-    # -- validation ----------------------------------------------------------------------------
+    # -- engines -------------------------------------------------------------------------------
+    def role_engines(self, role: str):
+        """The engines (:class:`~hybridflow.runtime.roles.RoleEngines`) of ``role``."""
+        return self.executor.workers[self.plan.placement(role).pool].engines[role]
+
     def actor_engines(self):
-        policy = next(r.name for r in self.graph.roles if r.kind == "policy")
-        pool = self.plan.placement(policy).pool
-        return self.executor.workers[pool].engines[policy]
+        return self.role_engines(next(r.name for r in self.graph.roles if r.kind == "policy"))
 
     def reward_source(self):
-        reward = next(r.name for r in self.graph.roles if r.kind == "reward")
-        return self.executor.workers[self.plan.placement(reward).pool].engines[reward].reward
+        return self.role_engines(next(r.name for r in self.graph.roles if r.kind == "reward")).reward
 
+    # -- validation ----------------------------------------------------------------------------
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Greedy score (accuracy for 0/1 rewards) and mean@k on the validation prompts."""
@@ -194,13 +230,35 @@ class Trainer:
         rollout = self.actor_engines().rollout
         reward = self.reward_source()
         greedy = rollout.generate(prompts, rollout.sampling.model_copy(update={"greedy": True, "n": 1, "seed": None}))
-        sampled = rollout.generate(prompts, rollout.sampling.model_copy(update={"n": cfg.val_samples}))
+        sampled = rollout.generate(prompts, rollout.sampling.model_copy(
+            update={"n": cfg.val_samples, "seed": cfg.seed + VAL_SEED_OFFSET}))
         return {"val/score/greedy": float(reward.score(greedy).scores.mean()),
                 f"val/score/mean@{cfg.val_samples}": float(reward.score(sampled).scores.mean())}
+
+    def _validate_with_progress(self) -> dict[str, float]:
+        if self.progress is not None:
+            self.progress.phase("validate")
+        self.validations[self.step] = self.validate()
+        return self.validations[self.step]
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         for tracker in self._trackers or ():
             tracker.log(metrics, step)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of the current step (see :mod:`.checkpoint`); returns its folder."""
+        from .resume import save_run
+
+        if self.progress is not None:
+            self.progress.phase("save checkpoint")
+        self.last_checkpoint = save_run(self)
+        return self.last_checkpoint
+
+    def _resume(self) -> None:
+        from .resume import resume_run
+
+        resume_run(self)
 
 
 class PPOTrainer(Trainer):

@@ -1,0 +1,302 @@
+"""Checkpoint folders: written atomically, verified on load, never unpickling arbitrary objects.
+
+Layout of one checkpoint (``<output_dir>/checkpoints/step_00000003/``)::
+
+    tensors/              torch.distributed.checkpoint (DCP) folder: every tensor of the run state,
+                          keyed "<role>/model/<param>" and "<role>/optim/<param index>/<name>"
+    hf/<role>/            the policy's transformers config, generation config and tokenizer (no weights),
+                          so that `hybridflow export` can rebuild a model folder
+    trainer_state.json    step, RNG states, data position, config and its hash, optimizer param groups,
+                          LR schedules, and a manifest (size and sha256 of every other file)
+
+A checkpoint is written into ``.tmp-step_...`` next to the others and renamed into place when
+complete, so a crash mid-write leaves no folder that looks finished; only the newest
+``keep`` are kept. Loading checks the manifest first, reads DCP's metadata with an
+unpickler that accepts only DCP's own metadata records (:class:`_MetadataUnpickler`), and
+reads tensors with ``torch.load(weights_only=True)`` (DCP's reader); a checkpoint that
+holds anything but tensors is refused. DCP runs without a process group on one process
+(``no_dist``); with one, the same calls write and read sharded state.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..errors import CheckpointError
+
+__all__ = ["CHECKPOINTS", "STATE_FILE", "LoadedCheckpoint", "save_checkpoint", "list_checkpoints", "read_checkpoint",
+           "newest_checkpoint", "resolve_checkpoint"]
+
+log = logging.getLogger("hybridflow.checkpoint")
+
+CHECKPOINTS = "checkpoints"
+"""Sub-folder of the output dir that holds the checkpoints."""
+STATE_FILE = "trainer_state.json"
+TENSORS = "tensors"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A verified checkpoint: its folder, step, JSON state and tensors (those asked for)."""
+
+    path: Path
+    step: int
+    state: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+
+# -- writing --------------------------------------------------------------------------------
+
+def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch.Tensor], state: dict[str, Any], *,
+                    keep: int, write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Write ``<root>/step_<step>`` atomically (temp folder, then rename); keep the newest ``keep``.
+
+    ``tensors`` go to DCP, ``state`` (JSON-ready) to trainer_state.json, ``write_extra(folder)`` may
+    add files (they enter the manifest). Returns the checkpoint folder.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:08d}"
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _dcp_save(tensors, tmp / TENSORS)
+        if write_extra is not None:
+            write_extra(tmp)
+        document = {"format_version": FORMAT_VERSION, "step": step, "saved_at": time.time(), **state,
+                    "manifest": _manifest(tmp)}
+        _write_json(tmp / STATE_FILE, document)
+        final = root / name
+        if final.exists():  # the same step saved again (a resumed run redoing it)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(root, keep)
+    return final
+
+
+def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    bad = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"only tensors go into the DCP part of a checkpoint; {bad[:3]} are not")
+    with warnings.catch_warnings():  # one process and no group is the intended use here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({k: v.detach() for k, v in tensors.items()}, storage_writer=dcp.FileSystemWriter(str(folder)))
+
+
+def _write_json(path: Path, document: dict) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        json.dump(document, f, indent=1, allow_nan=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _files(folder: Path) -> Iterable[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != STATE_FILE)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, dict]:
+    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(folder)}
+
+
+def _prune(root: Path, keep: int) -> None:
+    for _, path in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# -- finding and reading --------------------------------------------------------------------
+
+def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every finished checkpoint folder under ``root``, oldest first (unverified)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def read_checkpoint(path: str | os.PathLike, *, prefixes: tuple[str, ...] | None = None) -> LoadedCheckpoint:
+    """Verify and load one checkpoint folder; ``prefixes`` limits the tensors read (None: all).
+
+    Raises CheckpointError naming the folder and what is wrong: no trainer_state.json, a file
+    missing or of the wrong size or hash, unreadable DCP metadata, non-tensor entries.
+    """
+    path = Path(path)
+    state_path = path / STATE_FILE
+    if not state_path.is_file():
+        raise CheckpointError(f"{path} is not a checkpoint: it has no {STATE_FILE}")
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{state_path} is unreadable ({err}); the checkpoint is corrupt") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{state_path}: unknown checkpoint format {state.get('format_version') if isinstance(state, dict) else state!r}")
+    _verify_manifest(path, state.get("manifest") or {})
+    tensors = _dcp_load(path / TENSORS, prefixes)
+    return LoadedCheckpoint(path=path, step=int(state["step"]), state=state, tensors=tensors)
+
+
+def _verify_manifest(path: Path, manifest: dict[str, dict]) -> None:
+    if not manifest:
+        raise CheckpointError(f"{path / STATE_FILE} has no manifest; the checkpoint is incomplete")
+    for rel, entry in manifest.items():
+        file = path / rel
+        if not file.is_file():
+            raise CheckpointError(f"{path}: file {rel} is missing; the checkpoint is partial")
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{path}: file {rel} has {size} bytes, the manifest says {entry['bytes']}; it is corrupt")
+        if _sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{path}: file {rel} does not match its sha256 in the manifest; it is corrupt")
+
+
+def newest_checkpoint(root: str | os.PathLike, *, prefixes: tuple[str, ...] | None = None) -> LoadedCheckpoint | None:
+    """The newest checkpoint under ``root`` that verifies; corrupt or partial ones are skipped with a warning."""
+    for step, path in reversed(list_checkpoints(root)):
+        try:
+            return read_checkpoint(path, prefixes=prefixes)
+        except CheckpointError as err:
+            message = f"skipping checkpoint {path}: {err}; trying the previous one"
+            log.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=2)
+    return None
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder from a checkpoint, a checkpoints folder or a run's output dir (its newest valid one)."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    for root in (path / CHECKPOINTS, path):
+        if list_checkpoints(root):
+            found = newest_checkpoint(root, prefixes=())
+            if found is None:
+                raise CheckpointError(f"no checkpoint under {root} verifies (all are corrupt or partial)")
+            return found.path
+    raise CheckpointError(f"{path} is neither a checkpoint folder (with {STATE_FILE}) nor a folder holding step_* "
+                          "checkpoints; give a run's output_dir or one of its checkpoints/step_* folders")
+
+
+# -- DCP reading without unpickling arbitrary objects -----------------------------------------
+
+def _allowed_globals() -> dict[tuple[str, str], Any]:
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    allowed: dict[tuple[str, str], Any] = {}
+    for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                 "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"):
+        if hasattr(metadata, name):
+            allowed[(metadata.__name__, name)] = getattr(metadata, name)
+    allowed[(filesystem.__name__, "_StorageInfo")] = filesystem._StorageInfo
+    allowed[("torch", "Size")] = torch.Size
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    allowed[("collections", "OrderedDict")] = __import__("collections").OrderedDict
+    for cls in (Path, type(Path("x")), __import__("pathlib").PurePosixPath):
+        allowed[(cls.__module__, cls.__name__)] = cls
+    for name in dir(torch):
+        if isinstance(getattr(torch, name, None), torch.dtype):
+            allowed[("torch", name)] = getattr(torch, name)
+    return allowed
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Reads DCP's ``.metadata``: builds only DCP's metadata records, torch sizes, dtypes, layouts and paths."""
+
+    _allowed: dict[tuple[str, str], Any] | None = None
+
+    def find_class(self, module: str, name: str):
+        if _MetadataUnpickler._allowed is None:
+            _MetadataUnpickler._allowed = _allowed_globals()
+        try:
+            return self._allowed[(module, name)]
+        except KeyError:
+            raise CheckpointError(f"checkpoint metadata refers to {module}.{name}, which is not a DCP metadata "
+                                  "record; refusing to unpickle it") from None
+
+
+def _safe_reader(folder: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        """DCP's file reader with the metadata read by :class:`_MetadataUnpickler` (tensors are weights_only)."""
+
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(str(folder))
+
+
+def _dcp_load(folder: Path, prefixes: tuple[str, ...] | None) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = _safe_reader(folder)
+    try:
+        metadata = reader.read_metadata()
+    except CheckpointError:
+        raise
+    except Exception as err:  # truncated or foreign files raise many types
+        raise CheckpointError(f"{folder}: DCP metadata unreadable ({type(err).__name__}: {err})") from None
+    target: dict[str, torch.Tensor] = {}
+    for key, entry in metadata.state_dict_metadata.items():
+        if not isinstance(entry, TensorStorageMetadata):
+            raise CheckpointError(f"{folder}: entry {key!r} is not a tensor; hybridflow checkpoints hold tensors only")
+        if prefixes is None or key.startswith(prefixes):
+            target[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
+    if not target:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(target, storage_reader=reader, no_dist=True)
+    except Exception as err:
+        raise CheckpointError(f"{folder}: tensors unreadable ({type(err).__name__}: {err})") from None
+    return target

@@ -1,0 +1,102 @@
+"""Run configs as YAML files, with ``key=value`` overrides from the command line.
+
+A run file is a flat mapping of :class:`PPOConfig` fields plus one more key, ``algorithm``
+(``ppo`` by default; any name in :data:`hybridflow.algorithms.ALGORITHMS`)::
+
+    algorithm: grpo
+    actor_model_name: ./my-model
+    rollout_batch_size: 16
+    device_map: {actor: cpu}
+
+Overrides are ``key=value`` with the value read as YAML (``actor_lr=3e-4``, ``trackers=[console]``,
+``reward_model_name=null``); ``key.sub=value`` sets one entry of a mapping field
+(``device_map.actor=cuda:0``). An unknown key, a sub-key of a field that is not a mapping,
+or a value of the wrong type is a ConfigError naming the field path.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from ..errors import ConfigError
+from .config import PPOConfig
+
+__all__ = ["ALGORITHM_KEY", "load_run_config", "apply_override", "read_yaml"]
+
+ALGORITHM_KEY = "algorithm"
+DEFAULT_ALGORITHM = "ppo"
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in a YAML file; ConfigError for a missing file, a syntax error (with its line) or a non-mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the file must hold a mapping of config fields, not a {type(data).__name__}")
+    return data
+
+
+def _unknown(key: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, [*PPOConfig.model_fields, ALGORITHM_KEY], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "; `hybridflow run --fields` lists them"
+    return ConfigError(f"{where}: unknown config field {key!r}{hint}")
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one ``key[.sub...]=value`` override to ``data`` in place."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must be written key=value (or key.sub=value)")
+    path = key.strip().split(".")
+    if path[0] not in PPOConfig.model_fields and path[0] != ALGORITHM_KEY:
+        raise _unknown(path[0], f"override {item!r}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({err})") from None
+    target = data
+    for depth, part in enumerate(path[:-1]):
+        current = target.get(part)
+        if current is None and depth == 0:
+            default = PPOConfig.model_fields[part].get_default(call_default_factory=True)
+            current = dict(default) if isinstance(default, dict) else default
+        if not isinstance(current, dict):
+            field = ".".join(path[:depth + 1])
+            raise ConfigError(f"override {item!r}: {field} is not a mapping, so {key} cannot be set; write {field}=VALUE")
+        target[part] = current
+        target = current
+    target[path[-1]] = value
+
+
+def load_run_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> tuple[str, PPOConfig]:
+    """``(algorithm, config)`` from a YAML file (None: no file) and overrides, validated once."""
+    from ..algorithms import ALGORITHMS
+
+    data = read_yaml(path) if path is not None else {}
+    where = str(path) if path is not None else "command line"
+    for key in data:
+        if key not in PPOConfig.model_fields and key != ALGORITHM_KEY:
+            raise _unknown(str(key), where)
+    for item in overrides:
+        apply_override(data, item)
+    algorithm = data.pop(ALGORITHM_KEY, DEFAULT_ALGORITHM)
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"{where}: algorithm: unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    try:
+        config = PPOConfig(**data)
+    except ConfigError as err:
+        raise ConfigError(f"{where}{' with overrides' if overrides else ''}: {err}") from None
+    return algorithm, config

@@ -1,0 +1,110 @@
+"""Saving a trainer's run state as a checkpoint, and picking a run up from one (``resume``).
+
+``resume="auto"`` continues from the newest checkpoint under ``<output_dir>/checkpoints``
+that verifies (corrupt or partial ones are skipped with a warning), or starts fresh when
+there is none; ``"never"`` starts fresh and removes the checkpoints an earlier run left
+there; any other value is the path of one checkpoint folder, which must verify.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import CheckpointError
+from .checkpoint import CHECKPOINTS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint, save_checkpoint
+from .config import RUN_CONTROL_FIELDS, config_hash
+from .run_state import capture_json, capture_tensors, restore
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["save_run", "resume_run", "trained_engines", "rollout_engines"]
+
+log = logging.getLogger("hybridflow.trainer")
+
+
+def trained_engines(trainer: "Trainer") -> dict:
+    """Train engines of the roles the graph updates (their weights and optimizer state are checkpointed)."""
+    roles = dict.fromkeys(n.role for n in trainer.graph.nodes if n.kind == "update")
+    return {role: trainer.role_engines(role).train for role in roles}
+
+
+def rollout_engines(trainer: "Trainer") -> dict:
+    return {r.name: trainer.role_engines(r.name).rollout for r in trainer.graph.roles
+            if trainer.role_engines(r.name).rollout is not None}
+
+
+def _write_hf_files(trainer: "Trainer"):
+    """Writes each policy's transformers config, generation config and tokenizer under ``hf/<role>``."""
+    def write(folder: Path) -> None:
+        for role in (r.name for r in trainer.graph.roles if r.kind == "policy"):
+            module = trainer.role_engines(role).train.module
+            target = folder / "hf" / role
+            module.config.save_pretrained(target)
+            if getattr(module, "generation_config", None) is not None:
+                module.generation_config.save_pretrained(target)
+            trainer.tokenizer.save_pretrained(target)
+    return write
+
+
+def save_run(trainer: "Trainer") -> Path:
+    """Checkpoint the trainer's current step under ``<output_dir>/checkpoints``; returns the folder."""
+    cfg = trainer.config
+    start = time.perf_counter()
+    trained = trained_engines(trainer)
+    state = {"algorithm": trainer.algorithm, "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg),
+             "loader": trainer.loader.state_dict(), "nan_streak": trainer._nan_streak,
+             **capture_json(trained, rollout_engines(trainer))}
+    path = save_checkpoint(trainer.output_dir / CHECKPOINTS, trainer.step, capture_tensors(trained), state,
+                           keep=cfg.keep_checkpoints, write_extra=_write_hf_files(trainer))
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    log.info("checkpoint of step %d written to %s (%.1f MB, %.2f s)", trainer.step, path, size / 1e6,
+             time.perf_counter() - start)
+    return path
+
+
+def _check_compatible(trainer: "Trainer", found: LoadedCheckpoint) -> None:
+    saved_algorithm = found.state.get("algorithm")
+    if saved_algorithm != trainer.algorithm:
+        raise CheckpointError(f"{found.path} was written by a {saved_algorithm} run; this trainer runs "
+                              f"{trainer.algorithm}. Use another output_dir, or resume='never' to start over")
+    if found.state.get("config_hash") != config_hash(trainer.config):
+        saved = found.state.get("config", {})
+        now = trainer.config.model_dump(mode="json")
+        changed = sorted(k for k in set(saved) | set(now) if k not in RUN_CONTROL_FIELDS and saved.get(k) != now.get(k))
+        log.warning("resuming %s with a changed config (%s); the run will not match an uninterrupted one",
+                    found.path, ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed))
+
+
+def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
+    mode = trainer.config.resume
+    root = trainer.output_dir / CHECKPOINTS
+    if mode == "never":
+        stale = list_checkpoints(root)
+        if stale:
+            log.warning("resume='never': removing %d checkpoint(s) of an earlier run in %s", len(stale), root)
+            shutil.rmtree(root)
+        return None
+    if mode == "auto":
+        found = newest_checkpoint(root)
+        if found is None and list_checkpoints(root):
+            log.warning("no checkpoint in %s verifies; starting fresh", root)
+        return found
+    return read_checkpoint(Path(mode))
+
+
+def resume_run(trainer: "Trainer") -> None:
+    """Load the checkpoint ``config.resume`` names into the trainer's engines, RNGs, loader and step."""
+    found = _find(trainer)
+    if found is None:
+        return
+    _check_compatible(trainer, found)
+    restore(trained_engines(trainer), rollout_engines(trainer), found.tensors, found.state)
+    trainer.loader.load_state_dict(found.state["loader"])
+    trainer.step = found.step
+    trainer._nan_streak = int(found.state.get("nan_streak", 0))
+    trainer.resumed_from = found.path
+    log.warning("resumed from %s (step %d of %d)", found.path, found.step, trainer.config.max_steps)

@@ -1,0 +1,57 @@
+"""``hybridflow run CONFIG.yaml [key=value ...]``: train as a YAML run file says.
+
+The file holds :class:`PPOConfig` fields and ``algorithm`` (ppo, grpo, rloo, reinforce_pp,
+remax); ``key=value`` and ``key.sub=value`` override them (see :mod:`.config_files`).
+``hybridflow run --fields`` lists every field with its default and description.
+"""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_arguments", "run", "field_table"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML run file (config fields and 'algorithm')")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="field overrides, e.g. max_steps=20 actor_lr=3e-4 device_map.actor=cpu algorithm=grpo")
+    parser.add_argument("--fields", action="store_true", help="list the config fields and exit")
+
+
+def field_table() -> str:
+    from .config import PPOConfig
+    from .config_files import ALGORITHM_KEY
+
+    lines = [f"{ALGORITHM_KEY}: ppo | grpo | rloo | reinforce_pp | remax (default ppo) — the algorithm's graph"]
+    for name, field in PPOConfig.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        lines.append(f"{name} (default {default!r}): {field.description}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from ..errors import ConfigError
+    from .config_files import load_run_config
+    from .run_report import quiet_libraries, summary_lines, write_artifacts
+    from .trainer import Trainer
+
+    if args.fields:
+        print(field_table())
+        return 0
+    if args.config is None:
+        raise ConfigError("give a YAML run file: hybridflow run CONFIG.yaml [key=value ...] (see examples/configs/)")
+    overrides = list(args.overrides)
+    if "=" in args.config:  # no file, overrides only
+        overrides, path = [args.config, *overrides], None
+    else:
+        path = args.config
+    algorithm, config = load_run_config(path, overrides)
+    quiet_libraries()
+    start = time.perf_counter()
+    trainer = Trainer(config, algorithm=algorithm)
+    trainer.train()
+    artifacts = write_artifacts(trainer)
+    print("\n".join(summary_lines(trainer, time.perf_counter() - start, artifacts)))
+    return 0

@@ -1,0 +1,97 @@
+"""What the ``run`` and ``quickstart`` commands print and leave behind besides the metrics.
+
+:func:`quiet_libraries` keeps transformers' load reports and progress bars off the
+console and shows hybridflow's own log lines; :func:`write_artifacts` draws the algorithm
+graph and writes the run's Chrome trace; :func:`summary_lines` is the closing summary:
+reward before and after, and where everything was written.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["quiet_libraries", "write_artifacts", "validation_history", "summary_lines"]
+
+
+def quiet_libraries() -> None:
+    """transformers: errors only, no progress bars; hybridflow: INFO lines on stderr."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    logger = logging.getLogger("hybridflow")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[hybridflow] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
+    """Draw the algorithm graph (DOT, and SVG with Graphviz) and write the Chrome trace; returns their paths."""
+    from ..runtime.spans import write_chrome_trace
+    from ..viz.graph import draw_graph
+
+    out = trainer.output_dir
+    drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph")
+    paths = {"graph": drawn.svg or drawn.dot}
+    if trainer.executor is not None and trainer.executor.recorder.spans:
+        paths["trace"] = write_chrome_trace(trainer.executor.recorder.spans, out / "trace.json")
+    return paths
+
+
+def validation_history(trainer: "Trainer") -> dict[int, dict[str, float]]:
+    """``step -> val/... metrics`` of this run, from metrics.jsonl (which a resumed run keeps) or the trainer."""
+    found: dict[int, dict[str, float]] = {}
+    path = trainer.output_dir / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            vals = {k: v for k, v in row.items() if k.startswith("val/")}
+            if vals:
+                found[int(row["step"])] = vals
+    for step, metrics in trainer.validations.items():
+        found.setdefault(step, metrics)
+    return found
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path]) -> list[str]:
+    """The closing summary of a run."""
+    cfg, out = trainer.config, trainer.output_dir
+    lines = [f"done: {trainer.step} steps of {trainer.algorithm} in {wall_s:.1f} s"]
+    vals = validation_history(trainer)
+    if vals:
+        first, last = vals[min(vals)], vals[max(vals)]
+        for key in sorted(first):
+            if key in last:
+                lines.append(f"  {key:<22} {first[key]:.3f} at step {min(vals)}  ->  {last[key]:.3f} at step {max(vals)}"
+                             f"   ({len(trainer.val_rows)} validation prompts)")
+    scores = [m["critic/score/mean"] for m in trainer.history if "critic/score/mean" in m]
+    if scores:
+        k = max(1, min(10, len(scores) // 2))
+        lines.append(f"  training reward          {_mean(scores[:k]):.3f} (first {k} steps)  ->  "
+                     f"{_mean(scores[-k:]):.3f} (last {k} steps)")
+    lines.append(f"metrics:    {out / 'metrics.jsonl'}" if "jsonl" in cfg.trackers else "metrics:    console only")
+    if "tensorboard" in cfg.trackers and (out / "tensorboard").is_dir():
+        lines.append(f"tensorboard: tensorboard --logdir {out / 'tensorboard'}")
+    lines.append(f"plan:       {out / 'plan.json'}   drawing: {artifacts.get('graph')}")
+    if "trace" in artifacts:
+        lines.append(f"trace:      {artifacts['trace']} (open in ui.perfetto.dev or chrome://tracing)")
+    if trainer.last_checkpoint is not None:
+        lines.append(f"checkpoint: {trainer.last_checkpoint}")
+        lines.append(f"export:     hybridflow export {trainer.last_checkpoint} --to {out / 'hf_model'}")
+    return lines
