@@ -18,6 +18,7 @@ _LAZY = {
     "compute": ("hybridflow.graph", "compute"),
     "loss": ("hybridflow.graph", "loss"),
     "register_op": ("hybridflow_ops.registry", "register_op"),
+    "compile": ("hybridflow.compiler.compile", "compile"),
     "PPOConfig": ("hybridflow.trainer", "PPOConfig"),
     "Trainer": ("hybridflow.trainer", "Trainer"),
     "RolloutManager": ("hybridflow.trainer", "RolloutManager"),

@@ -44,6 +44,7 @@ class PoolPlan(_Frozen):
     name: str = Field(description="Pool name, unique in the plan (e.g. 'pool0', 'cpu').")
     devices: tuple[str, ...] = Field(description="Device names: 'cpu', 'cuda:N', or cluster slots 'nN.dM'.")
     memory_bytes: int | None = Field(None, description="Memory of each device, when known (bytes).")
+    offload: bool = Field(False, description="The roles on this pool do not fit together: each one's states go to host memory between its uses (offload/onload ops).")
 
 
 class LayoutPlan(_Frozen):
@@ -68,6 +69,7 @@ class RolePlacement(_Frozen):
     pool: str = Field(description="Name of the pool the role runs on.")
     layout: LayoutPlan = Field(default_factory=LayoutPlan, description="Layout for training and inference.")
     generation_layout: LayoutPlan | None = Field(None, description="Layout of the rollout engine (policies that generate); None = same as layout.")
+    generation_pool: str | None = Field(None, description="Pool of the rollout engine when it is not the role's own pool (weights are broadcast to it); None = the role's pool (hybrid engine).")
     memory_bytes: int | None = Field(None, description="Predicted peak memory of this role per device (bytes).")
 
 
@@ -84,7 +86,10 @@ class PlanOp(_Frozen):
     iteration_offset: int = Field(0, ge=0, description="0: this iteration; k: the op works for iteration i+k (overlap).")
     predicted_start_s: float = Field(0.0, ge=0.0, description="Predicted start, seconds from the iteration start.")
     predicted_end_s: float = Field(0.0, ge=0.0, description="Predicted end, seconds from the iteration start.")
-    volume_bytes: int | None = Field(None, description="weight_sync: bytes moved per device.")
+    volume_bytes: int | None = Field(None, description="weight_sync: bytes each receiving device gets; offload/onload: bytes moved per device.")
+    peak_memory_bytes: int | None = Field(None, description="Predicted peak memory of one device of the op's pool while the op runs (bytes).")
+    target_pool: str | None = Field(None, description="weight_sync across pools: the pool that receives the weights (None: within the op's pool).")
+    rank_groups: tuple[tuple[int, ...], ...] = Field((), description="weight_sync within a pool: the micro-DP groups (pool-local ranks) that all-gather together (HybridFlow §5).")
     note: str = Field("", description="Free text shown in drawings (e.g. 'hybrid engine: micro-dp groups of 2').")
 
 
@@ -141,34 +146,64 @@ class ExecutionPlan(_Frozen):
             raise PlanError(f"not a valid plan: {err}") from None
 
     def to_text(self) -> str:
-        """A readable dump: pools, placements, then the schedule one op per line."""
+        """A readable dump: pools, placements, then the schedule one op per line (sizes in GiB, times in s)."""
         lines = [f"plan v{self.version}  graph={self.graph.get('name', '?')}  cluster={self.cluster}  "
                  f"strategy={self.strategy}  staleness={self.staleness}"]
         if self.predicted_iteration_s is not None:
             lines[0] += f"  predicted_iteration={self.predicted_iteration_s:.4g}s"
         for pool in self.pools:
-            roles = ", ".join(self.roles_on(pool.name)) or "-"
-            lines.append(f"pool {pool.name} [{', '.join(pool.devices)}]: {roles}")
+            gen = [f"{p.role} (generation)" for p in self.placements if p.generation_pool == pool.name]
+            roles = ", ".join(self.roles_on(pool.name) + tuple(gen)) or "-"
+            memory = f" x {_gib(pool.memory_bytes)}" if pool.memory_bytes else ""
+            flag = " offload" if pool.offload else ""
+            lines.append(f"pool {pool.name} [{_devices(pool.devices)}]{memory}{flag}: {roles}")
         for p in self.placements:
             gen = f"  generate {p.generation_layout}" if p.generation_layout else ""
-            lines.append(f"place {p.role} -> {p.pool}  {p.layout}{gen}")
-        for op in self.ops:
-            what = op.node if op.kind == "node" else op.kind + (f"({', '.join(op.items)})" if op.items else "")
-            deps = f"  after {', '.join(op.deps)}" if op.deps else ""
-            offset = f"  [iteration+{op.iteration_offset}]" if op.iteration_offset else ""
-            lines.append(f"op {op.name}: {what} on {op.role}@{op.pool or 'controller'}"
-                         f"  t={op.predicted_start_s:.4g}..{op.predicted_end_s:.4g}s{deps}{offset}")
+            gen += f" on {p.generation_pool}" if p.generation_pool else ""
+            memory = f"  peak {_gib(p.memory_bytes)}" if p.memory_bytes is not None else ""
+            lines.append(f"place {p.role} -> {p.pool}  {p.layout}{gen}{memory}")
+        lines.extend(_op_line(op) for op in self.ops)
         return "\n".join(lines) + "\n"
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.4g} GiB"
+
+
+def _devices(devices: tuple[str, ...]) -> str:
+    """All names for up to 4 devices, else ``first..last (count)``."""
+    if len(devices) <= 4:
+        return ", ".join(devices)
+    return f"{devices[0]}..{devices[-1]} ({len(devices)})"
+
+
+def _op_line(op: PlanOp) -> str:
+    what = op.node if op.kind == "node" else op.kind + (f"({', '.join(op.items)})" if op.items else "")
+    where = (op.pool or "controller") + (f"->{op.target_pool}" if op.target_pool else "")
+    line = f"op {op.name}: {what} on {op.role}@{where}  t={op.predicted_start_s:.4g}..{op.predicted_end_s:.4g}s"
+    if op.deps:
+        line += f"  after {', '.join(op.deps)}"
+    if op.iteration_offset:
+        line += f"  [iteration+{op.iteration_offset}]"
+    if op.volume_bytes is not None:
+        line += f"  moves {_gib(op.volume_bytes)}"
+    if op.peak_memory_bytes is not None:
+        line += f"  peak {_gib(op.peak_memory_bytes)}"
+    if op.rank_groups:
+        line += f"  groups {len(op.rank_groups)}x{len(op.rank_groups[0])}"
+    return line + (f"  # {op.note}" if op.note else "")
 
 
 def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
     """Check the plan's invariants; raise :class:`PlanError` naming the pass ``after`` that broke one.
 
     Invariants: unique pool/op names; every graph role placed exactly once on an
-    existing pool, its layout using exactly the pool's devices; every graph node
-    run by exactly one node op whose role matches; every dep names an earlier op
-    (the order respects dependencies) and every graph edge is a dep path;
-    offload/onload items known; predicted end >= start.
+    existing pool, its layout (and generation layout, on its generation pool)
+    using exactly the pool's devices; every graph node run by exactly one node
+    op whose role matches; every dep names an earlier op (the order respects
+    dependencies) and every graph edge is a dep path; offload/onload items
+    known; predicted end >= start; a weight sync's rank groups partition its
+    pool's ranks; an op's predicted peak memory fits its pool's devices.
     """
     where = f" (broken by pass {after!r})" if after else ""
 
@@ -184,12 +219,12 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
         if placed.count(role.name) != 1:
             fail(f"role {role.name!r} is placed {placed.count(role.name)} times; place every role exactly once")
     for p in plan.placements:
-        if p.pool not in pools:
-            fail(f"role {p.role!r} is placed on unknown pool {p.pool!r}")
-        size = len(pools[p.pool].devices)
-        for layout in filter(None, (p.layout, p.generation_layout)):
-            if layout.size != size:
-                fail(f"role {p.role!r}: layout {layout} uses {layout.size} devices but pool {p.pool!r} has {size}")
+        for pool in filter(None, (p.pool, p.generation_pool)):
+            if pool not in pools:
+                fail(f"role {p.role!r} is placed on unknown pool {pool!r}")
+        for layout, pool in ((p.layout, p.pool), (p.generation_layout, p.generation_pool or p.pool)):
+            if layout is not None and layout.size != len(pools[pool].devices):
+                fail(f"role {p.role!r}: layout {layout} uses {layout.size} devices but pool {pool!r} has {len(pools[pool].devices)}")
     seen: dict[str, PlanOp] = {}
     node_ops: dict[str, str] = {}
     for op in plan.ops:
@@ -198,8 +233,10 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
         for dep in op.deps:
             if dep not in seen:
                 fail(f"op {op.name!r} depends on {dep!r}, which is not an earlier op")
-        if op.pool is not None and op.pool not in pools:
-            fail(f"op {op.name!r} runs on unknown pool {op.pool!r}")
+        for pool in filter(None, (op.pool, op.target_pool)):
+            if pool not in pools:
+                fail(f"op {op.name!r} runs on unknown pool {pool!r}")
+        _check_op_resources(op, pools, fail)
         if op.predicted_end_s < op.predicted_start_s:
             fail(f"op {op.name!r} ends before it starts")
         if any(item not in OFFLOAD_ITEMS for item in op.items):
@@ -217,6 +254,19 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
     if missing:
         fail(f"graph nodes {missing} are run by no op")
     _check_edges(graph, plan, node_ops, fail)
+
+
+def _check_op_resources(op: PlanOp, pools: dict[str, PoolPlan], fail) -> None:
+    """Rank groups partition the op's pool; predicted peak memory fits a device of it."""
+    if op.rank_groups:
+        size = len(pools[op.pool].devices) if op.pool in pools else 0
+        ranks = sorted(r for group in op.rank_groups for r in group)
+        if ranks != list(range(size)):
+            fail(f"op {op.name!r}: rank groups {op.rank_groups} do not partition the {size} ranks of pool {op.pool!r}")
+    limit = pools[op.pool].memory_bytes if op.pool in pools else None
+    if op.peak_memory_bytes is not None and limit is not None and op.peak_memory_bytes > limit:
+        fail(f"op {op.name!r} needs {op.peak_memory_bytes / 2**30:.1f} GiB per device but pool {op.pool!r} "
+             f"has {limit / 2**30:.1f} GiB; offload, use more devices or a smaller model")
 
 
 def _check_edges(graph, plan: ExecutionPlan, node_ops: dict[str, str], fail) -> None:

@@ -5,7 +5,8 @@ tensors are gone: the rollout batch (:class:`GenerationWork`) and, per role
 (:class:`RoleWork`), which model it runs, whether it is trained, and how many
 generate / forward / score / training passes it makes over the batch. The
 graph -> workload lowering (one ``RoleWork`` per role, counting its nodes by
-kind) lives with the compiler passes; here the record is built directly.
+kind) is :func:`hybridflow.compiler.passes.lower.lower_workload`; here the
+record is built directly.
 
 An iteration runs in three **stages**, in order (HybridFlow appendix C):
 ``generate`` (the generating role samples responses; its weights are first
@@ -35,6 +36,7 @@ class GenerationWork(BaseModel):
     prompt_len: int = Field(ge=1, description="Tokens per prompt (padded length).")
     response_len: int = Field(ge=1, description="Tokens generated per response.")
     samples: int = Field(default=1, ge=1, description="Responses per prompt (n; GRPO/RLOO groups).")
+    generations: int = Field(default=1, ge=1, description="Generation passes over the prompts per iteration (ReMax: 2, the sampled rollout and the greedy baseline); each is costed as a full rollout of prompts x samples.")
 
     @property
     def sequences(self) -> int:

@@ -81,7 +81,7 @@ def _weight_sync(model: ModelSpec, train: Layout, gen_layout: Layout, cluster: C
 
 def generation_estimate(model: ModelSpec, train: Layout, gen_layout: Layout, gen: GenerationWork, memory_used: float,
                         cluster: ClusterSpec, options: CostOptions) -> tuple[float, float, str | None]:
-    """(time, peak memory, problem) of the weight sync train -> gen_layout followed by generation.
+    """(time, peak memory, problem) of the weight sync train -> gen_layout followed by ``gen.generations`` generations.
 
     Only the wave plan depends on ``memory_used``; the rest is cached.
     """
@@ -96,7 +96,7 @@ def generation_estimate(model: ModelSpec, train: Layout, gen_layout: Layout, gen
     prefill, decode = generation_time(model, gen_layout, batch, gen.prompt_len, gen.response_len, cluster)
     peak = (memory_used + generation_weight_bytes(model, gen_layout)
             + batch * kv_bytes_per_sequence(model, gen_layout, gen.seq_len))
-    return sync.time_s + waves * (prefill + decode), peak, None
+    return sync.time_s + gen.generations * waves * (prefill + decode), peak, None
 
 
 @dataclass(frozen=True)

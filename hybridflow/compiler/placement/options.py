@@ -112,7 +112,7 @@ def best_generation(role: RoleWork, candidate: RoleCandidate, memory_used: float
         parts = table.memo.get((g, batch))
         if parts is None:
             parts = table.memo[(g, batch)] = generation_time(role.model, g, batch, gen.prompt_len, gen.response_len, cluster)
-        t = sync_s + waves * (parts[0] + parts[1])
+        t = sync_s + gen.generations * waves * (parts[0] + parts[1])
         if t < best[0]:
             best = (t, g)
     return best

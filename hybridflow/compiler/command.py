@@ -1,0 +1,138 @@
+"""``hybridflow compile ALGO --cluster PRESET[:NODES] --model ROLE=MODEL ... -o plan.json``.
+
+ALGO is a standard algorithm (``ppo``, ``grpo``, ...) or a graph JSON file.
+Prints the placement search time, the chosen placement and the predicted
+iteration, and writes the ExecutionPlan as JSON (``hybridflow viz plan.json``
+draws it). Shared argument helpers (models, batch) are used by
+``hybridflow simulate`` too.
+
+Keep module-level imports light: this module is imported by ``hybridflow --help``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import ConfigError, GraphError
+
+__all__ = ["add_arguments", "run", "add_model_arguments", "add_batch_arguments", "parse_models", "batch_from_args", "load_graph"]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", dest="models", nargs="+", action="extend", default=[], metavar="ROLE=MODEL",
+                        help="model per role: a preset (llama2-7b, qwen2.5-7b, ...), a config.json path, or 'rule' for a "
+                             "rule-function reward (costs ~0); roles not named use the actor's model; a bare MODEL is the actor's")
+
+
+def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("workload (default: HybridFlow §8.1, 1024 prompts of 1024 tokens, 1024-token responses)")
+    group.add_argument("--prompts", type=int, default=1024, help="prompts per iteration")
+    group.add_argument("--prompt-len", type=int, default=1024, help="tokens per prompt")
+    group.add_argument("--response-len", type=int, default=1024, help="tokens per response")
+    group.add_argument("--epochs", type=int, default=1, help="epochs of every update over the batch")
+    group.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per epoch")
+    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override an algorithm attribute, e.g. --set n=4 (VALUE read as JSON, else as a string)")
+
+
+def parse_models(items: list[str]) -> dict[str, str]:
+    """``["actor=llama2-7b", "reward=rule"]`` -> dict; a bare name is the actor's."""
+    found: dict[str, str] = {}
+    for item in items:
+        role, sep, model = item.partition("=")
+        if not sep:
+            role, model = "actor", item
+        if not role.strip() or not model.strip():
+            raise ConfigError(f"--model {item!r}: write ROLE=MODEL, e.g. --model actor=llama2-7b reward=rule")
+        found[role.strip()] = model.strip()
+    return found
+
+
+def batch_from_args(args: argparse.Namespace):
+    from pydantic import ValidationError
+
+    from .passes import BatchShape
+
+    try:
+        return BatchShape(prompts=args.prompts, prompt_len=args.prompt_len, response_len=args.response_len,
+                          epochs=args.epochs, mini_batches=args.mini_batches)
+    except ValidationError as err:
+        raise ConfigError(f"workload: {err.errors()[0]['loc'][0]} {err.errors()[0]['msg']}") from None
+
+
+def load_graph(source: str, overrides: list[str]):
+    """A standard algorithm by name (with ``--set`` overrides) or a graph JSON file."""
+    from ..algorithms import ALGORITHMS
+    from ..viz.command import _overrides
+
+    values = _overrides(overrides)
+    if source in ALGORITHMS:
+        return ALGORITHMS[source].build(**values)
+    path = Path(source)
+    if not path.is_file():
+        raise GraphError(f"{source!r} is neither a standard algorithm ({', '.join(ALGORITHMS)}) nor a graph JSON file")
+    if values:
+        raise ConfigError("--set overrides a standard algorithm's attributes; it does not apply to a graph file")
+    from ..graph.serialize import graph_from_json
+
+    return graph_from_json(path.read_text())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("algorithm", metavar="ALGO", help="a standard algorithm (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf) or a graph JSON file")
+    parser.add_argument("--cluster", default="a100-80g:1", metavar="PRESET[:NODES]",
+                        help="a100-80g, h100-80g, h200 (nodes of 8) or cpu-local, with a node count: a100-80g:16")
+    add_model_arguments(parser)
+    parser.add_argument("--placement", default="auto",
+                        help="auto | colocate | split | standalone | a pool spec 'actor+ref@8;critic+reward@8' "
+                             "(ROLE.generate@N: a rollout pool of its own) | a device map 'actor=cuda:0,critic=cuda:1'")
+    parser.add_argument("--staleness", type=int, default=0, metavar="K",
+                        help="overlap generation of iteration i+K with iteration i (needs a rollout pool of its own)")
+    add_batch_arguments(parser)
+    parser.add_argument("-o", "--output", metavar="PLAN.json", help="where to write the plan (default: ALGO.plan.json)")
+    parser.add_argument("--text", action="store_true", help="also print the plan's text form")
+    parser.add_argument("--debug", action="store_true", help="verify the plan after every pass (names the pass that breaks it)")
+    parser.add_argument("--dump-ir", metavar="DIR", help="write the plan's text after every pass into DIR")
+
+
+def _summary(report) -> list[str]:
+    plan = report.plan
+    lines = [f"placement {plan.strategy}: predicted iteration {plan.predicted_iteration_s:.1f} s"]
+    for pool in plan.pools:
+        members = [p for p in plan.placements if p.pool == pool.name or p.generation_pool == pool.name]
+        parts = []
+        for p in members:
+            if p.generation_pool == pool.name:
+                parts.append(f"{p.role} generate {p.generation_layout}")
+                continue
+            gen = f" (generate {p.generation_layout})" if p.generation_layout and not p.generation_pool else ""
+            parts.append(f"{p.role} {p.layout}{gen}")
+        flag = ", offload" if pool.offload else ""
+        lines.append(f"  {pool.name} ({len(pool.devices)} devices{flag}): " + "; ".join(parts))
+    if len(report.candidates) > 1:
+        tried = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in report.candidates)
+        lines.append(f"  scheduled candidates: {tried}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cluster import ClusterSpec
+    from .compile import IRDump, compile_report
+
+    graph = load_graph(args.algorithm, args.overrides)
+    models = parse_models(args.models)
+    if not models:
+        raise ConfigError("give the models: --model actor=llama2-7b [critic=... ref=... reward=...|rule]")
+    hooks = (IRDump(Path(args.dump_ir)),) if args.dump_ir else ()
+    report = compile_report(graph, args.cluster, models, placement=args.placement, staleness=args.staleness,
+                            batch=batch_from_args(args), debug=args.debug or None, hooks=hooks)
+    print(f"compiled {graph.name} for {ClusterSpec.parse(args.cluster).describe()} in {report.seconds:.2f} s; "
+          f"placement search took {report.search_s:.2f} s")
+    print("\n".join(_summary(report)))
+    if args.text:
+        print(report.plan.to_text(), end="")
+    out = Path(args.output or f"{graph.name}.plan.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report.plan.to_json())
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,71 @@
+"""What every compiler pass may read besides the plan: the graph, the cluster, the models and the options.
+
+A :class:`CompileContext` is frozen; passes never change it (``with_placement``
+makes a new one, which is how ``compile`` tries several placements). The
+workload (:func:`~.lower.lower_workload`) is derived from the graph, the models
+and the batch shape, and computed once per context.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...graph import Graph
+from ..cluster import ClusterSpec
+from ..cost import CostOptions
+from ..models import ModelSpec
+from ..workload import Workload
+
+__all__ = ["BatchShape", "CompileContext"]
+
+
+class BatchShape(BaseModel):
+    """The rollout batch and the update schedule of one iteration (the paper's workload by default, §8.1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompts: int = Field(1024, ge=1, description="Prompts per iteration (global batch).")
+    prompt_len: int = Field(1024, ge=1, description="Tokens per prompt (padded length).")
+    response_len: int = Field(1024, ge=1, description="Tokens generated per response.")
+    epochs: int = Field(1, ge=1, description="Passes of every update node over the batch (PPO epochs).")
+    mini_batches: int = Field(4, ge=1, description="Optimizer steps per epoch (batch / mini-batch size).")
+
+
+@dataclass(frozen=True, eq=False)
+class CompileContext:
+    """Inputs of one compilation, shared read-only by every pass.
+
+    ``models`` maps every role of the graph to its :class:`ModelSpec`, or to
+    None for a rule function (a reward computed by code, costing ~0);
+    :func:`~.lower.resolve_models` fills it from the user's partial mapping.
+    ``placement`` is the request the placement pass resolves: ``"auto"``, a
+    fixed strategy name, a manual spec, a ``device_map`` dict, or an
+    already-chosen placement (see :mod:`.placement`).
+    """
+
+    graph: Graph
+    cluster: ClusterSpec
+    models: dict[str, ModelSpec | None]
+    batch: BatchShape = field(default_factory=BatchShape)
+    options: CostOptions = field(default_factory=CostOptions)
+    placement: Any = "auto"
+    staleness: int = 0
+
+    @cached_property
+    def workload(self) -> Workload:
+        """The graph lowered to per-role work (rule roles left out: they run no model)."""
+        from .lower import lower_workload
+
+        return lower_workload(self.graph, self.models, self.batch)
+
+    @property
+    def rule_roles(self) -> tuple[str, ...]:
+        """Roles computed by rule functions (no model, no devices)."""
+        return tuple(r.name for r in self.graph.roles if self.models.get(r.name) is None)
+
+    def with_placement(self, placement: Any) -> "CompileContext":
+        """The same context with another placement request (the workload is recomputed lazily)."""
+        return replace(self, placement=placement)

@@ -1,0 +1,119 @@
+"""Pass ``schedule``: order the ops per pool, overlap what may overlap, and predict the timeline.
+
+**List scheduling.** Ops are taken in priority order
+(:func:`~.order.priority_order`); each starts when its deps have ended and
+its resources are free, and holds them for its predicted time
+(:mod:`.timing`). The resources are its pool (colocated roles take turns on
+their devices), the target pool of a cross-pool weight sync, and the
+controller for compute nodes. Independent ops on disjoint pools therefore run
+concurrently. The op list is then sorted by predicted start, so each pool's
+ops appear in the order they run; ``predicted_iteration_s`` is the makespan.
+
+**Staleness** ``k > 0`` (one-step off-policy generalised to k steps): the
+generation ops (and their weight syncs) work for iteration ``i + k``
+(``iteration_offset = k``), so this iteration's forward passes and updates
+read the rollout produced k iterations ago and stop waiting for the
+generation. That only helps, and is only safe for memory, when generation
+runs on devices that do nothing else in the iteration — a rollout pool of its
+own; otherwise the pass raises :class:`~hybridflow.errors.PlanError` saying
+which ops share the pool. The loss should correct for the stale rollout
+(truncated importance sampling, ``truncated_is_weight`` + ``ppo_clip_is``);
+the pass warns when the graph does not.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+from ...errors import PlanError
+from ..plan import ExecutionPlan, PlanOp
+from .context import CompileContext
+from .order import priority_order
+from .timing import PlanView, op_cost
+
+__all__ = ["schedule", "overlap_generation", "CONTROLLER_RESOURCE"]
+
+CONTROLLER_RESOURCE = "controller"
+
+
+def _generation_ops(plan: ExecutionPlan) -> set[str]:
+    graph = plan.graph_ir()
+    gen = {op.name for op in plan.ops if op.kind == "node" and graph.node(op.node).kind == "generate"}
+    syncs = {d for op in plan.ops if op.name in gen for d in op.deps
+             if any(o.name == d and o.kind == "weight_sync" for o in plan.ops)}
+    return gen | syncs
+
+
+def overlap_generation(plan: ExecutionPlan, k: int) -> ExecutionPlan:
+    """Mark generation (and its weight syncs) as working for iteration i+k; raise PlanError when its pool is shared."""
+    moved = _generation_ops(plan)
+    if not moved:
+        raise PlanError(f"staleness={k}: the graph generates nothing, so there is nothing to overlap; use staleness 0")
+    graph = plan.graph_ir()
+    gen_pools = {op.pool for op in plan.ops if op.name in moved and op.kind == "node"}
+    for pool in sorted(gen_pools):
+        sharing = [op.name for op in plan.ops if op.pool == pool and op.name not in moved]
+        if sharing:
+            roles = ", ".join(plan.roles_on(pool)) or "-"
+            raise PlanError(
+                f"staleness={k} overlaps generation of iteration i+{k} with the rest of iteration i, but generation runs "
+                f"on pool {pool!r} ({roles}), which also runs {', '.join(sharing)}; the two would take turns, not overlap. "
+                f"Give the rollout a pool of its own, e.g. --placement 'actor+ref@8;critic+reward@4;actor.generate@4' "
+                f"(or ROLE.generate@N in your spec), or use staleness 0")
+    if not any(n.op == "truncated_is_weight" for n in graph.nodes):
+        warnings.warn(f"staleness={k}: the rollout is {k} update(s) old when it is trained on, and graph {graph.name!r} has no "
+                      "importance-sampling correction (truncated_is_weight + ppo_clip_is); expect a biased gradient",
+                      stacklevel=3)
+    ops = []
+    for op in plan.ops:
+        if op.name in moved:
+            op = op.model_copy(update={"iteration_offset": k, "deps": tuple(d for d in op.deps if d in moved)})
+        else:
+            op = op.model_copy(update={"deps": tuple(d for d in op.deps if d not in moved)})
+        ops.append(op)
+    return plan.model_copy(update={"ops": tuple(ops), "staleness": k})
+
+
+def _resources(op: PlanOp) -> tuple[str, ...]:
+    if op.pool is None:
+        return (CONTROLLER_RESOURCE,)
+    return (op.pool,) + ((op.target_pool,) if op.target_pool else ())
+
+
+def schedule(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
+    """Predict the timeline.
+
+    Requires: a placed plan with its weight syncs and offload brackets.
+    Guarantees: every op has ``predicted_start_s`` / ``predicted_end_s`` and
+    ``peak_memory_bytes`` (pool devices only), ops sorted by start (deps
+    first), no two ops overlapping on a pool, every role's ``memory_bytes`` =
+    the largest peak of its ops; ``predicted_iteration_s`` the makespan; with
+    ``ctx.staleness > 0`` generation moved to iteration i+k (module docstring).
+    """
+    if ctx.staleness:
+        plan = overlap_generation(plan, ctx.staleness)
+    view = PlanView(plan, ctx)
+    order = priority_order(plan)
+    free: dict[str, float] = {}
+    ends: dict[str, float] = {}
+    timed: list[tuple[float, int, PlanOp]] = []
+    for rank, op in enumerate(order):
+        cost = op_cost(view, op)
+        if not math.isfinite(cost.time_s):
+            raise PlanError(f"op {op.name!r} cannot run: {cost.problem or 'infinite predicted time'}")
+        start = max([ends[d] for d in op.deps] + [free.get(r, 0.0) for r in _resources(op)] + [0.0])
+        end = start + cost.time_s
+        for r in _resources(op):
+            free[r] = end
+        ends[op.name] = end
+        peak = int(math.ceil(cost.peak_memory_bytes)) if op.pool is not None and plan.pool(op.pool).memory_bytes else None
+        timed.append((start, rank, op.model_copy(update={"predicted_start_s": start, "predicted_end_s": end,
+                                                         "peak_memory_bytes": peak})))
+    ops = tuple(op for _, _, op in sorted(timed, key=lambda t: (t[0], t[1])))
+    peaks: dict[str, int] = {}
+    for op in ops:
+        if op.peak_memory_bytes is not None:
+            peaks[op.role] = max(peaks.get(op.role, 0), op.peak_memory_bytes)
+    placements = tuple(p.model_copy(update={"memory_bytes": peaks.get(p.role)}) for p in plan.placements)
+    return plan.model_copy(update={"ops": ops, "placements": placements,
+                                   "predicted_iteration_s": max(ends.values(), default=0.0)})

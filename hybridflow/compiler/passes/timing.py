@@ -1,0 +1,169 @@
+"""Predicted time and per-device peak memory of every plan op (not a pass: ``reshard``, ``offload`` and ``schedule`` read it).
+
+One rule per op kind in :data:`OP_COSTS`, and per node kind in
+:data:`NODE_COSTS`; each builds the cost model's work record
+(:mod:`hybridflow.compiler.cost`) from the plan and the context and adds the
+memory the rest of the pool holds meanwhile, as the placement search does
+(:mod:`hybridflow.compiler.placement.evaluate`): in a resident pool every
+other role's states stay on the device; in an offload pool only the working
+role's states are there. Batch sizes follow the node's rollout: an infer or
+score node reading a generate node with ``n`` samples works on ``prompts x n``
+sequences.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+
+from ...errors import PlanError
+from ...graph import Node
+from ..cost import CostRecord, Compute, Generate, Infer, Offload, Onload, Score, Update, WeightSync, estimate
+from ..layout import Layout
+from ..memory import PARAM_BYTES, resident_bytes
+from ..plan import ExecutionPlan, LayoutPlan, PlanOp, RolePlacement
+from ..reshard import cross_pool_sync
+from .context import CompileContext
+
+__all__ = ["PlanView", "layout_of", "op_cost", "OP_COSTS", "NODE_COSTS", "BUCKET_BYTES"]
+
+BUCKET_BYTES = 512 * 2**20
+"""Bucket of the cross-pool weight broadcast."""
+
+
+def layout_of(plan_layout: LayoutPlan) -> Layout:
+    return Layout(plan_layout.dp, plan_layout.tp, plan_layout.pp)
+
+
+@dataclass(frozen=True, eq=False)
+class PlanView:
+    """Read-only lookups over a plan and its context: roles' models, layouts, resident states per pool."""
+
+    plan: ExecutionPlan
+    ctx: CompileContext
+
+    @cached_property
+    def placements(self) -> dict[str, RolePlacement]:
+        return {p.role: p for p in self.plan.placements}
+
+    @cached_property
+    def trainable(self) -> dict[str, bool]:
+        return {r.name: r.trainable for r in self.ctx.workload.roles}
+
+    @cached_property
+    def resident(self) -> dict[str, float]:
+        """Bytes of model states each role keeps per device of its training pool (0 for rule roles)."""
+        found = {}
+        for role, p in self.placements.items():
+            model = self.ctx.models.get(role)
+            found[role] = 0.0 if model is None else resident_bytes(model, layout_of(p.layout), self.trainable.get(role, False))
+        return found
+
+    @cached_property
+    def offload_pools(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.plan.pools if p.offload)
+
+    def others(self, role: str, pool: str | None) -> float:
+        """States of the other roles resident on ``pool`` while ``role`` works there (0 in offload pools)."""
+        if pool is None or pool in self.offload_pools:
+            return 0.0
+        return sum(self.resident[r] for r, p in self.placements.items() if p.pool == pool and r != role)
+
+    def own(self, role: str, pool: str | None) -> float:
+        """``role``'s own states on ``pool`` (0 on a rollout pool it only generates on)."""
+        p = self.placements.get(role)
+        return self.resident[role] if p is not None and p.pool == pool else 0.0
+
+    @cached_property
+    def nodes(self) -> dict[str, Node]:
+        return {n.name: n for n in self.ctx.graph.nodes}
+
+    def sequences(self, node: Node) -> int:
+        """Sequences the node works on: prompts x n of the generate node it reads, else the workload's rollout."""
+        for source in node.sources:
+            producer = self.nodes.get(source)
+            if producer is not None and producer.kind == "generate":
+                return self.ctx.batch.prompts * producer.attrs.n
+        return self.ctx.workload.generation.sequences
+
+
+def _model(view: PlanView, role: str):
+    model = view.ctx.models.get(role)
+    if model is None:
+        raise PlanError(f"role {role!r} has no model (a rule function) but runs a model op")
+    return model
+
+
+def _generate(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
+    p, batch = view.placements[op.role], view.ctx.batch
+    used = view.own(op.role, op.pool) + view.others(op.role, op.pool)
+    work = Generate(_model(view, op.role), layout_of(p.generation_layout or p.layout), batch.prompts * node.attrs.n,
+                    batch.prompt_len, batch.response_len, used)
+    return estimate(work, view.ctx.cluster, view.ctx.options)
+
+
+def _forward(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
+    seq_len = view.ctx.batch.prompt_len + view.ctx.batch.response_len
+    sequences = view.sequences(node)
+    if view.ctx.models.get(op.role) is None:  # a rule function: host-side, like controller math
+        return estimate(Compute(sequences * seq_len), view.ctx.cluster, view.ctx.options)
+    record = Score if node.kind == "score" else Infer
+    work = record(_model(view, op.role), layout_of(view.placements[op.role].layout), view.trainable.get(op.role, False),
+                  sequences, seq_len)
+    return estimate(work, view.ctx.cluster, view.ctx.options)
+
+
+def _update(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
+    batch = view.ctx.batch
+    work = Update(_model(view, op.role), layout_of(view.placements[op.role].layout), view.sequences(node),
+                  batch.prompt_len + batch.response_len, batch.epochs, batch.mini_batches)
+    return estimate(work, view.ctx.cluster, view.ctx.options)
+
+
+def _compute(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
+    seq_len = view.ctx.batch.prompt_len + view.ctx.batch.response_len
+    return estimate(Compute(view.sequences(node) * seq_len), view.ctx.cluster, view.ctx.options)
+
+
+NODE_COSTS: dict[str, Callable[[PlanView, PlanOp, Node], CostRecord]] = {
+    "generate": _generate, "infer": _forward, "score": _forward, "update": _update, "compute": _compute,
+}
+"""Cost rule per node kind; the generate rule already counts the pool's resident states in its peak."""
+
+
+def _node(view: PlanView, op: PlanOp) -> CostRecord:
+    node = view.nodes[op.node]
+    record = NODE_COSTS[node.kind](view, op, node)
+    if node.kind == "generate" or op.pool is None:
+        return record
+    extra = view.others(op.role, op.pool)
+    return CostRecord(record.kind, record.time_s, record.peak_memory_bytes + extra, record.parts, record.problem)
+
+
+def _weight_sync(view: PlanView, op: PlanOp) -> CostRecord:
+    p, model = view.placements[op.role], _model(view, op.role)
+    train, gen = layout_of(p.layout), layout_of(p.generation_layout or p.layout)
+    used = view.own(op.role, op.pool) + view.others(op.role, op.pool)
+    if op.target_pool is None:
+        record = estimate(WeightSync(model, train, gen), view.ctx.cluster, view.ctx.options)
+        return CostRecord("weight_sync", record.time_s, used + record.peak_memory_bytes, record.parts, record.problem)
+    model_bytes = PARAM_BYTES * model.params
+    sync = cross_pool_sync(model_bytes, train, gen, view.ctx.cluster, BUCKET_BYTES)
+    return CostRecord("weight_sync", sync.time_s, used + min(BUCKET_BYTES, model_bytes), (("broadcast", sync.time_s),))
+
+
+def _transfer(view: PlanView, op: PlanOp) -> CostRecord:
+    work = (Onload if op.kind == "onload" else Offload)(float(op.volume_bytes or 0))
+    record = estimate(work, view.ctx.cluster, view.ctx.options)
+    return CostRecord(op.kind, record.time_s, view.own(op.role, op.pool), record.parts)
+
+
+OP_COSTS: dict[str, Callable[[PlanView, PlanOp], CostRecord]] = {
+    "node": _node, "weight_sync": _weight_sync, "offload": _transfer, "onload": _transfer,
+}
+"""Cost rule per plan op kind."""
+
+
+def op_cost(view: PlanView, op: PlanOp) -> CostRecord:
+    """Predicted time and peak memory per device of ``op`` (infinite time with a ``problem`` when it cannot run)."""
+    return OP_COSTS[op.kind](view, op)
