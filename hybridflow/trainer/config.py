@@ -51,6 +51,7 @@ class PPOConfig(BaseModel):
     micro_batch_size: int | None = Field(None, ge=1, description="Responses per forward/backward (gradient accumulation); None: the mini-batch.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's responses per update.")
     max_steps: int = Field(100, ge=1, description="Training steps (one rollout batch each).")
+    max_time_s: float | None = Field(None, gt=0, description="Stop after the step during which this many seconds of training have passed (that step is validated and checkpointed like a last one; resume='auto' continues later). None: no limit.")
     # -- optimisation ---------------------------------------------------------
     actor_lr: float = Field(1e-6, ge=0.0, description="Actor learning rate (AdamW).")
     critic_lr: float = Field(1e-5, ge=0.0, description="Critic learning rate (AdamW).")
@@ -142,7 +143,7 @@ GRAPH_ATTRS: dict[str, str] = {
 
 
 RUN_CONTROL_FIELDS = frozenset({
-    "max_steps", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
+    "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""

@@ -118,7 +118,7 @@ def nan_streak(metrics: Mapping[str, float], step: int, streak: int, limit: int)
     if not skipped:
         return 0
     streak += 1
-    bad = sorted(k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v))
+    bad = sorted(k for k, v in metrics.items() if not k.startswith("val/") and isinstance(v, float) and not math.isfinite(v))
     what = ", ".join(skipped) + (f"; non-finite metrics: {', '.join(bad)}" if bad else "")
     if streak >= limit:
         raise ExecutionError(

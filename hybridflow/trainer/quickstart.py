@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=QUICKSTART["max_steps"], help="training steps")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model, data order and sampling")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--time-budget", type=float, default=140.0,
+                        help="seconds of training after which it stops at the end of a step (default 140, so that "
+                             "the whole command stays under 3 minutes on a slow or busy machine); 0: no limit")
 
 
 def _answers(trainer) -> list[str]:
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the quickstart always starts fresh
     settings = {**QUICKSTART, "max_steps": args.steps}
     config = PPOConfig(**settings, seed=args.seed, output_dir=str(out), save_freq=args.steps, resume="never",
-                       num_threads=args.threads)
+                       num_threads=args.threads, max_time_s=args.time_budget or None)
     shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     print("hybridflow quickstart: the seed article's minimal PPO on CPU — a tiny random-weight model learns "
           "'a+b=' (reward 1 for the exact sum, then EOS)\n"

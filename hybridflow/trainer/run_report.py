@@ -73,6 +73,8 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
     """The closing summary of a run."""
     cfg, out = trainer.config, trainer.output_dir
     lines = [f"done: {trainer.step} steps of {trainer.algorithm} in {wall_s:.1f} s"]
+    if trainer.out_of_time:
+        lines[0] += f" (stopped at step {trainer.step} of {cfg.max_steps}: max_time_s={cfg.max_time_s:g} reached)"
     vals = validation_history(trainer)
     if vals:
         first, last = vals[min(vals)], vals[max(vals)]

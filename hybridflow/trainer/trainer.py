@@ -67,6 +67,7 @@ class Trainer:
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
         self._nan_streak = 0
+        self.out_of_time = False
 
     # -- wiring ------------------------------------------------------------------------
     def set_reward_model(self, reward: Any) -> None:
@@ -166,13 +167,15 @@ class Trainer:
             self._prepare()
         cfg = self.config
         self.progress = StepProgress(cfg.max_steps, self.step, enabled=cfg.progress_bar)
+        deadline = time.monotonic() + cfg.max_time_s if cfg.max_time_s else float("inf")
         try:
             if self.step == 0:
                 self._log(self._validate_with_progress(), 0)
             while self.step < cfg.max_steps:
                 self.step += 1
                 metrics = self.train_step(self.loader.next_batch())
-                last = self.step == cfg.max_steps
+                self.out_of_time = time.monotonic() >= deadline and self.step < cfg.max_steps
+                last = self.step == cfg.max_steps or self.out_of_time
                 if last or (cfg.eval_freq and self.step % cfg.eval_freq == 0):
                     metrics.update(self._validate_with_progress())
                 self._nan_streak = nan_streak(metrics, self.step, self._nan_streak, cfg.max_nan_steps)
@@ -181,6 +184,10 @@ class Trainer:
                 self._log(metrics, self.step)
                 if cfg.save_freq and (last or self.step % cfg.save_freq == 0):
                     self.save_checkpoint()
+                if self.out_of_time:
+                    log.warning("max_time_s=%g reached: stopping after step %d of %d (resume='auto' continues)",
+                                cfg.max_time_s, self.step, cfg.max_steps)
+                    break
         finally:
             self.progress.close()
             self.progress = None
