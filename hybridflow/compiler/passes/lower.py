@@ -116,7 +116,7 @@ def lower_workload(graph: Graph, models: Mapping[str, ModelSpec | None], batch: 
         roles.append(RoleWork(name=role.name, model=model, trainable=trainable, generates=c["generate"] > 0,
                               infer_passes=c["infer"], score_passes=c["score"],
                               train_epochs=c["update"] * batch.epochs if trainable else 0,
-                              mini_batches=batch.mini_batches))
+                              mini_batches=batch.mini_batches if trainable else 1))
     if not roles:
         raise ConfigError(f"graph {graph.name!r}: every role is a rule function; at least the actor needs a model")
     return Workload(roles=tuple(roles), generation=_generation(graph, batch),

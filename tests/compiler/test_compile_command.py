@@ -1,0 +1,63 @@
+"""`hybridflow compile` and `hybridflow simulate`: outputs, files, and errors as messages with exit code 1."""
+from __future__ import annotations
+
+import re
+
+from hybridflow.algorithms import ALGORITHMS
+from hybridflow.cli import main
+from hybridflow.compiler.plan import ExecutionPlan, verify_plan
+
+
+def test_compile_writes_a_verified_plan_and_prints_the_search_time(tmp_path, capsys):
+    out = tmp_path / "plans" / "ppo.json"
+    assert main(["compile", "ppo", "--cluster", "a100-80g:2", "--model", "actor=llama2-7b", "reward=llama2-13b",
+                 "-o", str(out), "--debug", "--dump-ir", str(tmp_path / "ir")]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"placement search took \d+\.\d\d s", printed)
+    assert "placement auto: predicted iteration" in printed and "scheduled candidates:" in printed
+    plan = ExecutionPlan.from_json(out.read_text())
+    verify_plan(plan)
+    assert plan.strategy == "auto" and plan.cluster == "a100-80g:2"
+    assert len(list((tmp_path / "ir").iterdir())) == 5 * 8  # five passes for each of the eight scheduled candidates
+
+
+def test_compile_fixed_manual_and_graph_files(tmp_path, capsys):
+    graph = tmp_path / "remax.json"
+    graph.write_text(ALGORITHMS["remax"].build().to_json())
+    assert main(["compile", str(graph), "--cluster", "h100-80g:1", "--model", "qwen2.5-7b", "--placement", "colocate",
+                 "--prompts", "256", "--text", "-o", str(tmp_path / "r.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "placement colocate" in printed and "op actor.generate_greedy:" in printed
+    assert main(["compile", "ppo", "--set", "kl_coef=0.01", "--cluster", "a100-80g:2", "--model", "actor=llama2-7b",
+                 "--placement", "actor+ref@8;critic+reward@4;actor.generate@4", "-o", str(tmp_path / "s.json")]) == 0
+    assert "pool2 (4 devices): actor generate dp1·tp4·pp1" in capsys.readouterr().out
+
+
+def test_compile_errors_are_messages(tmp_path, capsys):
+    cases = [
+        (["compile", "ppo", "--cluster", "a100-80g:2"], "give the models"),
+        (["compile", "ppo", "--model", "actor=llama9"], "unknown model preset"),
+        (["compile", "ppo", "--model", "actor=llama2-7b", "--cluster", "tpu:2"], "unknown cluster preset"),
+        (["compile", "ppo", "--model", "actor=llama2-7b", "--placement", "colocate", "--staleness", "1"], "pool of its own"),
+        (["compile", "nope", "--model", "actor=llama2-7b"], "neither a standard algorithm"),
+        (["compile", "ppo", "--model", "actor=llama2-70b", "--cluster", "a100-80g:1"], "no placement"),
+        (["compile", "ppo", "--model", "actor=llama2-7b", "--prompts", "0"], "prompts"),
+    ]
+    for argv, message in cases:
+        assert main(argv + ["-o", str(tmp_path / "x.json")]) == 1, argv
+        assert message in capsys.readouterr().err, argv
+
+
+def test_simulate_prints_one_row_per_model_and_size(capsys):
+    assert main(["simulate", "ppo", "--models", "llama2-7b,llama2-13b", "--gpus", "8,16", "--prompts", "256"]) == 0
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if re.match(r"llama2-(7|13)b\s+(8|16)\s", line)]
+    assert len(rows) == 4
+    for row in rows:
+        colocate, split, standalone, auto = (float("inf") if c == "OOM" else float(c) for c in row.split()[2:6])
+        assert auto <= min(colocate, split, standalone)
+    assert "llama2-7b on 16 GPUs: pool 0" in printed
+    assert main(["simulate", "grpo", "--models", "qwen2.5-7b", "--model", "reward=rule", "--gpus", "8", "--brief"]) == 0
+    assert "automatic placements" not in capsys.readouterr().out
+    assert main(["simulate", "ppo", "--gpus", "12"]) == 1
+    assert "neither whole nodes" in capsys.readouterr().err
