@@ -2,8 +2,14 @@
 
 SOURCE is a standard algorithm's name (``ppo``, ``grpo``, ...) or a JSON file.
 A JSON file is recognised by its content through :data:`READERS`, a table of
-(what it is, does this document match, how to draw it); graphs are read now,
-and compiled plans and run traces are added to the same table.
+(what it is, does this document match, how to draw it):
+
+- a graph (``hybridflow.graph``): ``OUT.dot`` / ``OUT.svg``;
+- a compiled plan (``hybridflow compile``): the placement drawing
+  ``OUT.dot`` / ``OUT.svg``, the Gantt chart of the predicted schedule
+  ``OUT.gantt.svg`` (with ``--trace RUN.json``, the run's measured timeline
+  beside it on the same time axis) and the Chrome/Perfetto trace ``OUT.trace.json``;
+- a run's Chrome trace (``traceEvents``): its Gantt chart ``OUT.gantt.svg``.
 
 Keep module-level imports light: this module is imported by ``hybridflow --help``.
 """
@@ -26,15 +32,23 @@ class Reader:
 
     what: str
     matches: Callable[[object], bool]
-    draw: Callable[[object, Path], object]
-    """Draws the parsed document to ``OUT`` (no extension); returns a ``viz.render.Rendered``."""
+    draw: Callable[[object, Path, argparse.Namespace], object]
+    """Draws the parsed document to ``OUT`` (no extension) with the command's options; returns an object with a ``message``."""
+
+
+@dataclass(frozen=True)
+class Written:
+    """Files a drawing wrote, and what to tell the user."""
+
+    paths: tuple[Path, ...]
+    message: str
 
 
 def _is_graph(doc: object) -> bool:
     return isinstance(doc, dict) and doc.get("format") == "hybridflow.graph"
 
 
-def _draw_graph_doc(doc: object, out: Path):
+def _draw_graph_doc(doc: object, out: Path, args: argparse.Namespace | None = None):
     """Read (not validate) the graph: a drawing needs no registered ops, and a broken graph is worth seeing."""
     from ..graph.serialize import graph_from_dict
     from .graph import draw_graph
@@ -42,14 +56,65 @@ def _draw_graph_doc(doc: object, out: Path):
     return draw_graph(graph_from_dict(doc), out)
 
 
+def _is_plan(doc: object) -> bool:
+    return isinstance(doc, dict) and {"version", "graph", "pools", "placements", "ops"} <= set(doc)
+
+
+def _is_trace(doc: object) -> bool:
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    return isinstance(events, list) and any(isinstance(e, dict) and e.get("ph") == "X" for e in events)
+
+
+def _read_trace(path: str | None):
+    if not path:
+        return None
+    doc = _read_json(Path(path))
+    if not _is_trace(doc):
+        raise ConfigError(f"--trace {path}: not a Chrome trace with complete events (a run's trace.json)")
+    return doc
+
+
+def _draw_plan_doc(doc: object, out: Path, args: argparse.Namespace | None = None) -> Written:
+    from ..compiler.plan import ExecutionPlan
+    from .gantt import draw_gantt
+    from .plan import draw_plan
+    from .trace import write_plan_trace
+
+    plan = ExecutionPlan.from_json(json.dumps(doc))
+    trace = _read_trace(getattr(args, "trace", None))
+    placement = draw_plan(plan, out)
+    title = f"{plan.graph.get('name', '?')} on {plan.cluster}: predicted schedule" + (" and a measured run" if trace else "")
+    gantt = draw_gantt(out.with_name(out.name + ".gantt.svg"), plan, trace, iteration=getattr(args, "iteration", None), title=title)
+    chrome = write_plan_trace(plan, out.with_name(out.name + ".trace.json"))
+    paths = tuple(p for p in (placement.dot, placement.svg, gantt, chrome) if p)
+    message = f"wrote {', '.join(map(str, paths))} (open {chrome.name} in ui.perfetto.dev)"
+    if placement.svg is None:
+        message += "\n" + placement.message
+    return Written(paths, message)
+
+
+def _draw_trace_doc(doc: object, out: Path, args: argparse.Namespace | None = None) -> Written:
+    from .gantt import draw_gantt
+
+    gantt = draw_gantt(out.with_name(out.name + ".gantt.svg"), None, doc, iteration=getattr(args, "iteration", None),
+                       title="measured run")
+    return Written((gantt,), f"wrote {gantt}")
+
+
 READERS: tuple[Reader, ...] = (
     Reader("graph (format 'hybridflow.graph')", _is_graph, _draw_graph_doc),
+    Reader("compiled plan (hybridflow compile)", _is_plan, _draw_plan_doc),
+    Reader("run trace (Chrome trace events with complete 'X' events)", _is_trace, _draw_trace_doc),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="a standard algorithm (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf) or a graph JSON file")
-    parser.add_argument("-o", "--output", metavar="OUT", help="where to write, without extension: OUT.dot and OUT.svg (default: ./SOURCE_NAME)")
+    parser.add_argument("source", help="a standard algorithm (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf), a graph JSON file, "
+                                       "a plan JSON file (hybridflow compile) or a run's trace.json")
+    parser.add_argument("-o", "--output", metavar="OUT", help="where to write, without extension: OUT.dot and OUT.svg, and for a plan "
+                                                              "OUT.gantt.svg and OUT.trace.json (default: ./SOURCE_NAME)")
+    parser.add_argument("--trace", metavar="RUN.json", help="with a plan: a run's Chrome trace to draw beside the predicted schedule")
+    parser.add_argument("--iteration", type=int, metavar="N", help="which iteration of a run's trace to draw (default: the last)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override an algorithm attribute, e.g. --set n=4 (VALUE is read as JSON, else as a string); repeatable")
 
@@ -67,16 +132,20 @@ def _overrides(items: list[str]) -> dict[str, object]:
     return found
 
 
-def _draw_file(path: Path, out: Path):
+def _read_json(path: Path) -> object:
     try:
-        doc = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as err:
         raise GraphError(f"cannot read {path}: {err}") from None
     except ValueError as err:
         raise GraphError(f"{path} is not JSON ({err}); viz draws a standard algorithm by name or a JSON document") from None
+
+
+def _draw_file(path: Path, out: Path, args: argparse.Namespace | None = None):
+    doc = _read_json(path)
     for reader in READERS:
         if reader.matches(doc):
-            return reader.draw(doc, out)
+            return reader.draw(doc, out, args)
     raise GraphError(f"{path}: not a document viz can draw; it reads: {'; '.join(r.what for r in READERS)}")
 
 
@@ -92,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     elif Path(source).is_file():
         if overrides:
             raise ConfigError("--set overrides an algorithm's attributes; it does not apply to a JSON file")
-        rendered = _draw_file(Path(source), Path(args.output or Path(source).stem))
+        rendered = _draw_file(Path(source), Path(args.output or Path(source).stem), args)
     else:
         raise GraphError(f"{source!r} is neither a standard algorithm ({', '.join(ALGORITHMS)}) nor an existing file")
     print(rendered.message)

@@ -87,7 +87,8 @@ def schedule(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
     Guarantees: every op has ``predicted_start_s`` / ``predicted_end_s`` and
     ``peak_memory_bytes`` (pool devices only), ops sorted by start (deps
     first), no two ops overlapping on a pool, every role's ``memory_bytes`` =
-    the largest peak of its ops; ``predicted_iteration_s`` the makespan; with
+    the largest peak of its ops on its own pool (a rollout pool's peak is on
+    its generate ops); ``predicted_iteration_s`` the makespan; with
     ``ctx.staleness > 0`` generation moved to iteration i+k (module docstring).
     """
     if ctx.staleness:
@@ -111,8 +112,9 @@ def schedule(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
                                                          "peak_memory_bytes": peak})))
     ops = tuple(op for _, _, op in sorted(timed, key=lambda t: (t[0], t[1])))
     peaks: dict[str, int] = {}
+    home = {p.role: p.pool for p in plan.placements}
     for op in ops:
-        if op.peak_memory_bytes is not None:
+        if op.peak_memory_bytes is not None and op.pool == home.get(op.role):
             peaks[op.role] = max(peaks.get(op.role, 0), op.peak_memory_bytes)
     placements = tuple(p.model_copy(update={"memory_bytes": peaks.get(p.role)}) for p in plan.placements)
     return plan.model_copy(update={"ops": ops, "placements": placements,
