@@ -118,6 +118,15 @@ def _text(x: float, y: float, text: str, size: int = FONT, anchor: str = "start"
             f"{html.escape(text)}</text>")
 
 
+def _fit(label: str, role: str, width: float, char: float = 5.8) -> str:
+    """The label, or without its ``role.`` prefix (the colour says the role), or cut with an ellipsis, to fit ``width`` px."""
+    for text in (label, label.removeprefix(f"{role}.")):
+        if width > char * len(text) + 6:
+            return text
+    keep = int((width - 6) / char) - 1
+    return text[:keep] + "…" if keep >= 2 else ""
+
+
 def _bar_svg(bar: Bar, x0: float, scale: float, y: float, roles: list[str]) -> str:
     x, w = x0 + bar.start * scale, max(1.5, (bar.end - bar.start) * scale)
     fill = TRANSFER_COLOUR if bar.kind in ("offload", "onload") else _colour(bar.role, roles)
@@ -126,11 +135,9 @@ def _bar_svg(bar: Bar, x0: float, scale: float, y: float, roles: list[str]) -> s
              f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{BAR_H}" fill="{fill}" stroke="#333" stroke-width="0.8"{style}/>']
     if bar.kind == "weight_sync":
         parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{BAR_H}" fill="url(#hatch)"/>')
-    label = bar.label + (f" (for i+{bar.later_iteration})" if bar.later_iteration else "")
-    if w > 6.2 * len(label) + 6:
+    label = _fit(bar.label + (f" (for i+{bar.later_iteration})" if bar.later_iteration else ""), bar.role, w)
+    if label:
         parts.append(_text(x + 3, y + BAR_H / 2 + 4, label, 10))
-    elif w > 6.2 * 3 + 6:
-        parts.append(_text(x + 3, y + BAR_H / 2 + 4, label[: int((w - 6) / 6.2) - 1] + "…", 10))
     return "".join(parts) + "</g>"
 
 
