@@ -92,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="where to write the plan (default: ALGO.plan.json)")
     parser.add_argument("--text", action="store_true", help="also print the plan's text form")
     parser.add_argument("--debug", action="store_true", help="verify the plan after every pass (names the pass that breaks it)")
-    parser.add_argument("--dump-ir", metavar="DIR", help="write the plan's text after every pass into DIR")
+    parser.add_argument("--dump-ir", metavar="DIR", help="write the plan's text after every pass into DIR (NN-PASS.txt; with "
+                                                         "--placement auto, one run of the passes per scheduled candidate, in order)")
 
 
 def _summary(report) -> list[str]:
