@@ -19,6 +19,18 @@ if TYPE_CHECKING:
 __all__ = ["quiet_libraries", "write_artifacts", "validation_history", "summary_lines"]
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def quiet_libraries() -> None:
     """transformers: errors only, no progress bars; hybridflow: INFO lines on stderr."""
     import transformers
@@ -26,8 +38,8 @@ def quiet_libraries() -> None:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     logger = logging.getLogger("hybridflow")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[hybridflow] %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)

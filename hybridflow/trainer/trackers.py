@@ -57,7 +57,7 @@ class WandbTracker:
                               config=config.model_dump(mode="json"), reinit="finish_previous")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.run.log(dict(metrics), step=step)
+        self.run.log(dict(metrics), step=step, commit=True)  # one call per step: write the row now
 
     def close(self) -> None:
         self.run.finish()
@@ -71,6 +71,9 @@ class MlflowTracker:
 
         self.mlflow = mlflow
         if not os.environ.get("MLFLOW_TRACKING_URI"):
+            # a local file store needs no server and no database driver (mlflow-skinny has none); recent MLflow
+            # releases want an explicit opt-in for it
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             mlflow.set_tracking_uri((output_dir / "mlruns").resolve().as_uri())
         mlflow.set_experiment(config.project_name)
         self.run = mlflow.start_run(run_name=config.experiment_name or output_dir.resolve().name)
