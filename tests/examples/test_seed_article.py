@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "seed_article.py"
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # steady on a busy 2-core machine
 
 
 def test_seed_article_runs_unchanged(tmp_path):
-    done = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=ONE_THREAD)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0] == __import__("hybridflow").__version__
@@ -35,7 +38,7 @@ def test_the_snippets_are_the_articles():
 def test_minimal_ppo_example_runs(tmp_path):
     script = EXAMPLE.parent / "quickstart" / "minimal_ppo.py"
     done = subprocess.run([sys.executable, str(script), "--steps", "2"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=ONE_THREAD)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "greedy accuracy" in done.stdout and "answers: [" in done.stdout
     assert (tmp_path / "runs" / "minimal_ppo" / "checkpoints" / "step_00000002").is_dir()
