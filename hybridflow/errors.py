@@ -22,6 +22,7 @@ __all__ = [
     "CheckpointError",
     "ModelLoadError",
     "BatchError",
+    "WorkerLostError",
 ]
 
 
@@ -88,3 +89,7 @@ class ModelLoadError(HybridflowError):
 
 class BatchError(HybridflowError):
     """A Batch operation got mismatched lengths, a missing field, or conflicting field values."""
+
+
+class WorkerLostError(ExecutionError):
+    """A worker process died (killed, out of memory, node lost); names its role(s), rank and pool."""

@@ -2,37 +2,28 @@
 
 The executor is an interpreter of the plan (STYLE.md, principle 3): a loop over
 the plan's ops with a single-assignment environment ``env`` (producer name ->
-:class:`Batch`), dispatching each op through :data:`OP_RUNNERS` (by op kind) and
-graph nodes through :data:`NODE_RUNNERS` (by node kind). It has no idea of the
-algorithm: the graph says what to run, the plan where and in which order.
-
-Inputs of a node are gathered by their :class:`~hybridflow.graph.Input`
-records; the non-tensor columns of its producers (decoded responses, ground
-truths, data sources) travel along. Nodes that run a model over the responses
-(infer, update) also get the sequence fields (``prompt_ids``, ``prompt_mask``,
-``response_ids``, ``response_mask``) of the rollout their ``response_mask``
-comes from.
+:class:`Batch`), dispatching each op through :data:`OP_RUNNERS` (by op kind).
+Graph nodes go through the tables of :mod:`.node_calls`, which the Ray executor
+shares: the node's worker call is built from ``env``, called on the pool's one
+worker, and its result read back into the node's output batch. The executor has
+no idea of the algorithm: the graph says what to run, the plan where and in
+which order.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import torch
-
-from hybridflow_ops.registry import get_op
-
 from ..compiler.plan import ExecutionPlan, PlanOp
 from ..errors import ExecutionError, HybridflowError
-from ..graph import CONTROLLER, Node
+from ..graph import CONTROLLER
 from .batch import Batch
+from .node_calls import node_call, node_output, run_compute
 from .roles import RoleSpec
 from .spans import SpanRecorder
 from .worker import RoleWorker
 
-__all__ = ["LocalExecutor", "IterationResult", "NODE_RUNNERS", "OP_RUNNERS"]
-
-SEQUENCE_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+__all__ = ["LocalExecutor", "IterationResult", "OP_RUNNERS"]
 
 
 @dataclass
@@ -88,82 +79,17 @@ class LocalExecutor:
         self.iteration += 1
         return result
 
-    # -- gathering inputs -----------------------------------------------------------------
-    def gather(self, node: Node, env: Mapping[str, Batch], *, sequence: bool = False) -> Batch:
-        tensors: dict[str, torch.Tensor] = {}
-        columns: dict[str, object] = {}
-        for inp in node.inputs:
-            producer = env[inp.source]
-            tensors[inp.name] = producer[inp.field]
-            for name, values in producer.columns.items():
-                columns.setdefault(name, values)
-        if sequence:
-            source = next((i.source for i in node.inputs if i.name == "response_mask"), None)
-            if source is None:
-                raise ExecutionError(f"node {node.name!r} runs a model over responses but reads no response_mask; "
-                                     "pass the rollout to it in the algorithm")
-            for name in SEQUENCE_FIELDS:
-                tensors.setdefault(name, env[source][name])
-        return Batch(tensors, columns)
-
-
-# -- node runners: one per node kind -------------------------------------------------------
-
-def _generate(ex: LocalExecutor, op: PlanOp, node: Node, result: IterationResult) -> Batch:
-    a = node.attrs
-    overrides = {"n": a.n, "greedy": a.greedy or None, "max_new_tokens": a.max_new_tokens,
-                 "temperature": a.temperature, "top_p": a.top_p}
-    out = ex.worker(op).generate(node.role, ex.gather(node, result.env), overrides)
-    lengths = out["response_mask"].sum(-1)
-    result.metrics.setdefault("response_length/mean", float(lengths.mean()))
-    return out
-
-
-def _infer(ex: LocalExecutor, op: PlanOp, node: Node, result: IterationResult) -> Batch:
-    run = {"logprob": RoleWorker.logprob, "values": RoleWorker.values}.get(node.op)
-    if run is None:
-        raise ExecutionError(f"node {node.name!r}: infer op {node.op!r} is not one of logprob, values")
-    (field_spec,) = node.outputs.fields
-    return Batch({field_spec.name: run(ex.worker(op), node.role, ex.gather(node, result.env, sequence=True))})
-
-
-def _score(ex: LocalExecutor, op: PlanOp, node: Node, result: IterationResult) -> Batch:
-    out = ex.worker(op).score(node.role, ex.gather(node, result.env))
-    scores = out.scores.to(torch.float32)
-    if not torch.isfinite(scores).all():
-        from ..errors import RewardError
-
-        bad = int((~torch.isfinite(scores)).nonzero()[0])
-        raise RewardError(f"node {node.name!r}: reward source returned a non-finite score at sample {bad}")
-    name = "score" if node.attrs.field == "scores" else node.attrs.field
-    result.metrics[f"critic/{name}/mean"] = float(scores.mean())
-    return Batch({node.attrs.field: scores})
-
-
-def _compute(ex: LocalExecutor, op: PlanOp, node: Node, result: IterationResult) -> Batch:
-    spec = get_op(node.op)
-    batch = ex.gather(node, result.env)
-    outputs = spec.fn(*(batch[f.name] for f in spec.inputs), **dict(node.attrs.params))
-    return Batch({f.name: value for f, value in zip(spec.outputs, outputs)})
-
-
-def _update(ex: LocalExecutor, op: PlanOp, node: Node, result: IterationResult) -> Batch:
-    terms = [(t.op, t.weight, dict(t.params)) for t in node.attrs.terms]
-    metrics = ex.worker(op).update(node.role, ex.gather(node, result.env, sequence=True), terms)
-    result.metrics.update(metrics)
-    return Batch({})
-
-
-NODE_RUNNERS: dict[str, Callable[[LocalExecutor, PlanOp, Node, IterationResult], Batch]] = {
-    "generate": _generate, "infer": _infer, "score": _score, "compute": _compute, "update": _update,
-}
-
 
 # -- op runners: one per plan op kind -------------------------------------------------------
 
 def _run_node(ex: LocalExecutor, op: PlanOp, result: IterationResult) -> None:
     node = ex.graph.node(op.node)
-    result.env[node.name] = NODE_RUNNERS[node.kind](ex, op, node, result)
+    if node.kind == "compute":
+        result.env[node.name] = run_compute(node, result.env)
+        return
+    call = node_call(node, result.env)
+    raw = getattr(ex.worker(op), call.method)(call.role, call.batch, *call.args)
+    result.env[node.name] = node_output(node, raw, result.metrics)
 
 
 def _weight_sync(ex: LocalExecutor, op: PlanOp, result: IterationResult) -> None:

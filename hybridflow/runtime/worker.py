@@ -29,6 +29,14 @@ class RoleWorker:
                                                  for name, (kind, spec) in roles.items()}
         self._offloaded: dict[str, set[str]] = {name: set() for name in self.engines}
 
+    @classmethod
+    def from_engines(cls, device: str, engines: Mapping[str, RoleEngines]) -> "RoleWorker":
+        """A worker over engines built elsewhere (the Ray executor builds FSDP engines, or one half of a policy)."""
+        worker = cls(device, {})
+        worker.engines.update(engines)
+        worker._offloaded.update({name: set() for name in engines})
+        return worker
+
     def _engines(self, role: str, need: str) -> RoleEngines:
         engines = self.engines.get(role)
         if engines is None:

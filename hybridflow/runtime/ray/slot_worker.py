@@ -1,0 +1,177 @@
+"""The body of one Ray actor: a device slot hosting a :class:`RoleWorker` for every role placed there.
+
+Lifecycle: the executor creates the actor in its pool's placement group, then
+calls :meth:`SlotWorker.setup` on every slot at once: each joins the
+``torch.distributed`` world (gloo on CPU, gloo + NCCL on GPU, with the
+configured collective timeout, so a dead peer raises instead of hanging),
+creates the process groups of the topology in the same order, seeds torch
+identically (so models built from a seed are identical replicas), and builds
+its engines. Afterwards every method returns ``(result, (start, end))`` with
+wall-clock times, from which the executor draws one trace track per worker.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ...errors import ExecutionError
+from ..batch import Batch
+from ..roles import RoleSpec
+from ..weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
+from ..worker import RoleWorker
+from .slot_engines import build_slot_engines
+from .topology import Slot, pool_group
+
+__all__ = ["SlotWorker"]
+
+SEED_STRIDE = 1_000_003
+"""Rank r of a data-parallel rollout samples with ``seed + r * SEED_STRIDE``: ranks draw independent noise."""
+
+
+class SlotWorker:
+    """One slot (see the module docstring); ``specs`` holds a RoleSpec for each role the slot hosts."""
+
+    def __init__(self, slot: Slot, specs: Mapping[str, RoleSpec], *, timeout_s: float = 60.0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, seed: int = 0):
+        self.slot = slot
+        self.specs = dict(specs)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.bucket_bytes = bucket_bytes
+        self.seed = seed
+        self.groups: dict[str, Any] = {}
+        self.worker: RoleWorker | None = None
+        self.device = "cpu"
+
+    # -- set-up ------------------------------------------------------------------------------
+    def setup(self, init_method: str, world_size: int, groups: Mapping[str, Sequence[int]], use_gpu: bool) -> dict:
+        """Join the world, create the groups, build the engines; returns this process's pid, host, device and Ray GPU ids."""
+        self.device = "cuda:0" if use_gpu and torch.cuda.is_available() else "cpu"
+        backend = "cpu:gloo,cuda:nccl" if self.device.startswith("cuda") else "gloo"
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, init_method=init_method, rank=self.slot.global_rank, world_size=world_size,
+                                timeout=self.timeout)
+        for name, ranks in groups.items():  # every process creates every group, in the same order
+            group = dist.new_group(list(ranks), timeout=self.timeout)
+            if self.slot.global_rank in ranks:
+                self.groups[name] = group
+        torch.manual_seed(self.seed)
+        mesh = None
+        if any(r.dp > 1 for r in self.slot.roles):
+            from torch.distributed.device_mesh import DeviceMesh
+
+            mesh = DeviceMesh.from_group(self.groups[pool_group(self.slot.pool)], torch.device(self.device).type)
+        engines = build_slot_engines(self.slot.roles, self.specs, self.device, mesh)
+        self.worker = RoleWorker.from_engines(self.device, engines)
+        import ray
+
+        return {"pid": os.getpid(), "host": os.uname().nodename, "device": self.device,
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    # -- work ----------------------------------------------------------------------------------
+    def run(self, method: str, role: str, batch: Batch, args: tuple = ()) -> tuple[Any, tuple[float, float]]:
+        """``RoleWorker.<method>(role, batch, *args)`` on this slot's slice of the batch."""
+        start = time.time()
+        if method == "generate" and self.slot.rank:
+            args = (self._rank_seed(role, dict(args[0])),) + tuple(args[1:])
+        result = getattr(self.worker, method)(role, batch, *args)
+        return result, (start, time.time())
+
+    def _rank_seed(self, role: str, overrides: dict) -> dict:
+        seed = overrides.get("seed")
+        if seed is None:
+            seed = self.worker.engines[role].rollout.sampling.seed
+        if seed is not None:
+            overrides["seed"] = seed + self.slot.rank * SEED_STRIDE
+        return overrides
+
+    def sync_weights(self, role: str) -> tuple[SyncStats, tuple[float, float]]:
+        """Hybrid engine: stream the train engine's full tensors into this slot's rollout engine in buckets."""
+        start = time.time()
+        engines = self.worker._engines(role, "rollout")
+        if engines.train is None or engines.rollout.model is engines.train.module:
+            stats = SyncStats(0, 0, 0, 0, 0.0)
+        else:
+            stats = stream_into(engines.rollout, engines.train.named_weights(), bucket_bytes=self.bucket_bytes)
+        return stats, (start, time.time())
+
+    def send_weights(self, role: str, group: str, src: int) -> tuple[SyncStats, tuple[float, float]]:
+        """Train pool side of a cross-pool sync (every train rank gathers; pool rank 0 broadcasts)."""
+        start = time.time()
+        train = self.worker._engines(role, "train").train
+        specs = tensor_specs(train.module.state_dict())
+        stats = broadcast_send(train.named_weights(), specs, group=self.groups.get(group), src=src,
+                               is_src=self.slot.global_rank == src, device=torch.device(self.device),
+                               bucket_bytes=self.bucket_bytes)
+        return stats, (start, time.time())
+
+    def receive_weights(self, role: str, group: str, src: int) -> tuple[SyncStats, tuple[float, float]]:
+        """Generation pool side of a cross-pool sync."""
+        start = time.time()
+        rollout = self.worker._engines(role, "rollout").rollout
+        stats = broadcast_receive(rollout, group=self.groups[group], src=src, device=torch.device(self.device),
+                                  bucket_bytes=self.bucket_bytes)
+        return stats, (start, time.time())
+
+    def offload(self, role: str, items: Sequence[str]) -> tuple[None, tuple[float, float]]:
+        start = time.time()
+        self.worker.offload(role, items)
+        return None, (start, time.time())
+
+    def onload(self, role: str, items: Sequence[str]) -> tuple[None, tuple[float, float]]:
+        start = time.time()
+        self.worker.onload(role, items)
+        return None, (start, time.time())
+
+    # -- engine access for the controller (validation, checkpoints; see remote_engines) ------------
+    def _resolve(self, role: str, part: str, path: str) -> Any:
+        value = self._part(role, part)
+        for name in filter(None, path.split(".")):
+            value = getattr(value, name)
+        return value
+
+    def engine_describe(self, role: str, part: str, path: str) -> tuple[str, Any]:
+        """What ``engines[role].<part>.<path>`` is: a method, a module (stays here), a dict, or a plain value."""
+        value = self._resolve(role, part, path)
+        if isinstance(value, torch.nn.Module):
+            return "object", None
+        if isinstance(value, dict):
+            return "mapping", value
+        if callable(value) and hasattr(value, "__self__"):
+            return "method", None
+        return "value", value
+
+    def engine_call(self, role: str, part: str, path: str, args: tuple, kwargs: dict) -> Any:
+        """``engines[role].<part>.<path>(*args, **kwargs)``."""
+        return self._resolve(role, part, path)(*args, **kwargs)
+
+    def engine_setitem(self, role: str, part: str, path: str, key: Any, value: Any) -> None:
+        self._resolve(role, part, path)[key] = value
+
+    def engine_kinds(self) -> dict[str, dict[str, Any]]:
+        """Role -> its engines' kind and which parts (train, rollout, reward) this slot holds."""
+        return {role: {"kind": e.kind, **{part: getattr(e, part) is not None for part in ("train", "rollout", "reward")}}
+                for role, e in self.worker.engines.items()}
+
+    def set_engines(self, role: str, engines) -> None:
+        self.worker.engines[role] = engines
+        self.worker._offloaded.setdefault(role, set())
+
+    def _part(self, role: str, part: str):
+        engines = self.worker.engines.get(role)
+        value = getattr(engines, part, None) if engines is not None else None
+        if value is None:
+            raise ExecutionError(f"slot {self.slot.describe()} holds no {part} engine of role {role!r}")
+        return value
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

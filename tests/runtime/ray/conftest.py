@@ -1,0 +1,22 @@
+"""One Ray instance for every Ray test (start-up is the slow part), with 4 CPUs and 4 virtual GPUs.
+
+The GPUs are Ray resources only: slots reserve "GPU" bundles, so placement groups and
+per-worker GPU assignment run for real, while torch finds no CUDA and computes on CPU.
+"""
+from __future__ import annotations
+
+import pytest
+import ray
+import ray_testkit
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    # Reward functions and helpers of the test kit run inside the workers, which cannot import test modules.
+    ray.cloudpickle.register_pickle_by_value(ray_testkit)
+    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray.cluster_resources()
+    ray.shutdown()
