@@ -121,10 +121,13 @@ class Trainer:
         check_batch_sizes(self.graph, cfg)
         self.plan = plan_local(self.graph, self._device_map(self.graph))
         (self.output_dir / "plan.json").write_text(self.plan.to_json())
-        if cfg.executor == "ray":
-            raise ConfigError("executor='ray' needs the Ray executor, which this build does not include yet; use executor='local'")
         recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
-        self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)
+        if cfg.executor == "ray":
+            from ..runtime.ray import RayExecutor
+
+            self.executor = RayExecutor(self.plan, self.role_specs(), recorder=recorder, seed=cfg.seed)
+        else:
+            self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
         self._resume()
         if self._trackers is None:

@@ -165,6 +165,13 @@ class RayExecutor:
             ray.shutdown()
             self._owns_ray = False
 
+    def __del__(self) -> None:
+        try:  # a dropped executor gives its pools back (its actors go with their last handle)
+            if getattr(self, "_reservation", None) is not None and ray.is_initialized():
+                release_pools(self._reservation)
+        except Exception:
+            pass
+
     def __enter__(self) -> "RayExecutor":
         return self
 

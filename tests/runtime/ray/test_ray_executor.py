@@ -67,3 +67,25 @@ def test_three_steps_on_each_placement(ray_cluster, algorithm, placement):
         tracks = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
         assert slots <= tracks and "controller" in tracks
         json.dumps(trace)
+
+
+@pytest.mark.e2e
+def test_ops_on_disjoint_pools_run_at_the_same_time(ray_cluster):
+    # Safe-RLHF scores with a reward and a cost function; on pools of their own, both score nodes are
+    # ready at once. Each function waits on its first call until the other has been called: an executor
+    # that ran one pool's op after the other's would time out here instead of finishing the step.
+    from ray_testkit import hand_plan, meeting_score, rendezvous_actor
+
+    graph = ALGORITHMS["safe_rlhf"].build()
+    plan = hand_plan(graph, {"models": (("actor", "critic", "cost_critic", "ref"), 1), "reward": (("reward",), 1),
+                             "cost": (("cost",), 1)})
+    meeting = rendezvous_actor(parties=2, timeout_s=60)
+    specs = role_specs(graph)
+    specs["reward"] = type(specs["reward"])(reward=meeting_score(meeting, "reward"), tokenizer=specs["reward"].tokenizer)
+    specs["cost"] = type(specs["cost"])(reward=meeting_score(meeting, "cost", score=0.0), tokenizer=specs["cost"].tokenizer)
+    with RayExecutor(plan, specs) as executor:
+        result = executor.run_iteration({"prompts": prompts(0)})
+        assert result.metrics["critic/score/mean"] == 1.0
+        spans = {s.op: s for s in executor.recorder.spans}
+        reward, cost = spans["reward.score"], spans["cost.score"]
+        assert reward.start < cost.end and cost.start < reward.end  # the two spans overlap
