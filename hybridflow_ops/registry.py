@@ -96,6 +96,10 @@ class OpSpec:
     attrs: tuple[str, ...] = ()
     attr_defaults: tuple[tuple[str, object], ...] = ()
     doc: str = ""
+    vanishes_with: str | None = None
+    """Loss ops: an input field such that a row whose values are all zero there adds exactly
+    zero loss and zero gradient (e.g. ``advantages`` for the PPO surrogate). Engines may skip
+    the forward/backward of such rows, keeping the global token/sequence counts."""
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -134,6 +138,7 @@ def register_op(
     model_inputs: tuple = (),
     kind: str = "compute",
     replace: bool = False,
+    vanishes_with: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` under ``name`` with its typed fields.
 
@@ -147,6 +152,9 @@ def register_op(
     model_specs = tuple(FieldSpec.parse(f) for f in model_inputs)
     if not out_specs:
         raise OpRegistryError(f"op {name!r} declares no outputs; every op must produce at least one field")
+    if vanishes_with is not None and vanishes_with not in {f.name for f in in_specs}:
+        raise OpRegistryError(f"op {name!r}: vanishes_with={vanishes_with!r} must name one of its inputs "
+                              f"({', '.join(f.name for f in in_specs)})")
 
     def decorate(fn: Callable) -> Callable:
         if name in _REGISTRY and not replace:
@@ -155,7 +163,7 @@ def register_op(
         _REGISTRY[name] = OpSpec(
             name=name, fn=fn, kind=kind, inputs=in_specs, outputs=out_specs,
             model_inputs=model_specs, attrs=attrs, attr_defaults=defaults,
-            doc=inspect.getdoc(fn) or "",
+            doc=inspect.getdoc(fn) or "", vanishes_with=vanishes_with,
         )
         return fn
 

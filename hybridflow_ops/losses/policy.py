@@ -77,7 +77,7 @@ def _policy_loss(loss_mat, log_ratio, was_clipped, lower, valid, response_mask, 
     )
 
 
-@register_op("ppo_clip", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss")
+@register_op("ppo_clip", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
 def ppo_clip(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -115,6 +115,7 @@ def ppo_clip(
 
 @register_op(
     "ppo_clip_is", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS + ("is_weights: float32[B, R]",), outputs=_LOSS, kind="loss",
+    vanishes_with="advantages",
 )
 def ppo_clip_is(
     log_probs: torch.Tensor,
@@ -151,7 +152,7 @@ def ppo_clip_is(
     return _policy_loss(weighted, log_ratio, was_clipped, lower, valid, response_mask, agg)
 
 
-@register_op("gspo", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss")
+@register_op("gspo", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
 def gspo(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,

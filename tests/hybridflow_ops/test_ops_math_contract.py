@@ -137,3 +137,13 @@ def test_op_ignores_inserted_padding_with_garbage(name, b, r, seed, extra, garba
         for t, w in zip(tensors[:n_model], wide[:n_model]):
             torch.testing.assert_close(w.grad[:, ~is_new], t.grad)
             assert torch.all(w.grad[:, is_new] == 0)
+
+
+def test_vanishes_with_must_name_an_input():
+    from hybridflow_ops.registry import OpRegistryError, get_op, register_op
+
+    with pytest.raises(OpRegistryError, match="vanishes_with"):
+        register_op("bad_vanish", inputs=("advantages: float32[B, R]",), outputs=("loss: float32",), kind="loss",
+                    vanishes_with="scores")
+    assert {get_op(n).vanishes_with for n in ("ppo_clip", "ppo_clip_is", "gspo")} == {"advantages"}
+    assert get_op("kl_loss").vanishes_with is None

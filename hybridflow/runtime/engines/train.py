@@ -176,6 +176,7 @@ class TrainEngine:
         local_tokens = max(float(count_tokens(mask)), 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         token_means, loss_sums = MetricMeans(), {"loss": 0.0}
+        mini = self._rows_that_contribute(mini, terms)
         for micro in self._chunks(mini):
             share = float(count_tokens(micro["response_mask"])) / local_tokens
             total = self._micro_batch_loss(micro, terms, needs, global_counts, token_means, loss_sums, share)
@@ -183,6 +184,8 @@ class TrainEngine:
                 self.optimizer.zero_grad(set_to_none=True)
                 return None
             total.backward()
+        if not len(mini["response_mask"]):
+            self._zero_gradients()  # no row contributes: the optimizer still takes its (zero-gradient) step
         grad_norm = self._clip_gradients()
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -206,6 +209,29 @@ class TrainEngine:
             token_means.add("entropy", float(masked_mean(outputs["entropy"].detach(), micro["response_mask"])), share)
         loss_sums["loss"] += float(total.detach())
         return total
+
+    def _rows_that_contribute(self, mini: dict, terms: tuple[ResolvedTerm, ...]) -> dict:
+        """``mini`` without the rows whose every loss term vanishes (see ``OpSpec.vanishes_with``).
+
+        Such rows add exactly zero loss and gradient, so skipping them changes nothing but the
+        time spent; the global counts were taken from the whole mini-batch before.
+        """
+        fields = {term.spec.vanishes_with for term in terms}
+        if not self.config.skip_vanishing_rows or None in fields:
+            return mini
+        valid = mini["response_mask"] != 0
+        keep = torch.zeros(valid.shape[0], dtype=torch.bool, device=valid.device)
+        for name in fields:
+            keep |= ((mini[name] != 0) & valid).flatten(1).any(-1)
+        if bool(keep.all()):
+            return mini
+        return {k: v[keep] for k, v in mini.items()}
+
+    def _zero_gradients(self) -> None:
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                if param.requires_grad and param.grad is None:
+                    param.grad = torch.zeros_like(param)
 
     def _clip_gradients(self) -> float:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -239,7 +265,7 @@ class TrainEngine:
 
     def _chunks(self, tensors: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
         size = len(tensors["response_mask"])
-        step = self.config.micro_batch_size or size
+        step = self.config.micro_batch_size or max(size, 1)
         for start in range(0, size, step):
             yield {k: v[start:start + step] for k, v in tensors.items()}
 

@@ -149,3 +149,21 @@ def test_bad_loss_terms_and_fields_are_named(tokenizer, model):
         engine.update(batch.with_fields(returns=batch["advantages"], values=batch["advantages"]), [("value_clip", 1.0, {})])
     with pytest.raises(OpError, match="'advantages'"):
         engine.update(batch.drop("advantages"), PG)
+
+
+@pytest.mark.parametrize("mini_batch_size", [None, 4])
+def test_skipping_zero_advantage_rows_leaves_the_update_unchanged(tokenizer, model, mini_batch_size):
+    batch = rollout(tokenizer, model, temperature=1.3)
+    adv = batch["advantages"].clone()
+    adv[4:] = 0.0  # with mini-batches of 4 the whole second mini-batch vanishes: Adam must still step
+    adv[1] = 0.0
+    batch = batch.with_fields(advantages=adv)
+    config = dict(mini_batch_size=mini_batch_size, ppo_epochs=2, weight_decay=0.1)
+    _, skipped = _one_update(model, batch, PG, **config)
+    _, full = _one_update(model, batch, PG, skip_vanishing_rows=False, **config)
+    for name in full:
+        assert (full[name] - skipped[name]).abs().max().item() <= 1e-12, name
+    # A term that does not vanish with the advantages (kl_loss) keeps every row.
+    _, with_kl = _one_update(model, batch, PG + [("kl_loss", 0.5, {})], **config)
+    _, with_kl_full = _one_update(model, batch, PG + [("kl_loss", 0.5, {})], skip_vanishing_rows=False, **config)
+    assert all(torch.equal(with_kl[k], with_kl_full[k]) for k in with_kl)
