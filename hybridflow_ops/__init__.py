@@ -12,9 +12,10 @@ from .advantages import (
     gae, grpo_advantage, reinforce_pp_advantage, reinforce_pp_baseline_advantage, remax_advantage, rloo_advantage,
 )
 from .losses import (
-    aggregate_loss, entropy_bonus, entropy_from_logits, gspo, kl_loss, ppo_clip, ppo_clip_is, truncated_is_weight,
+    aggregate_loss, entropy_bonus, entropy_from_logits, gspo, kl_loss, nll, ppo_clip, ppo_clip_is, truncated_is_weight,
     value_clip,
 )
+from .rollout import old_log_probs_from_rollout
 from .logprob import TokenLogProbs, token_logprobs_from_hidden, token_logprobs_from_logits
 
 __all__ = [
@@ -22,7 +23,7 @@ __all__ = [
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "kl_in_reward", "kl_penalty", "masked_kl", "score_to_token_rewards",
     "gae", "grpo_advantage", "reinforce_pp_advantage", "reinforce_pp_baseline_advantage", "remax_advantage", "rloo_advantage",
-    "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "ppo_clip", "ppo_clip_is",
-    "truncated_is_weight", "value_clip",
+    "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "nll", "ppo_clip", "ppo_clip_is",
+    "truncated_is_weight", "value_clip", "old_log_probs_from_rollout",
     "TokenLogProbs", "token_logprobs_from_hidden", "token_logprobs_from_logits",
 ]

@@ -7,6 +7,10 @@ set ``kl_loss=False`` to drop it and the reference model).
 Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training") is
 ``grpo.build(norm_by_std=False, loss_agg_mode="seq-mean-token-sum-norm")``:
 no division by the group's std, and a constant length normaliser.
+
+``recompute_old_log_probs=False`` takes PPO's old log-probs from the rollout engine
+(saves one actor forward per step; exact on-policy when the rollout engine computes
+the train engine's log-probs, as the transformers engine does).
 """
 from __future__ import annotations
 
@@ -15,9 +19,12 @@ import hybridflow as hf
 
 @hf.algorithm
 def grpo(prompts, actor, ref, reward, *, n=8, norm_by_std=True, clip_ratio=0.2, kl_loss=True, kl_coef=0.001,
-         kl_type="low_var_kl", loss_agg_mode="token-mean"):
+         kl_type="low_var_kl", loss_agg_mode="token-mean", recompute_old_log_probs=True):
     rollout = actor.generate(prompts, n=n)
-    old_logp = actor.logprob(rollout)
+    if recompute_old_log_probs:
+        old_logp = actor.logprob(rollout)
+    else:
+        old_logp = hf.compute("old_log_probs_from_rollout", rollout)
     adv = hf.compute("grpo_advantage", rollout, reward.score(rollout), norm_by_std=norm_by_std)
     policy_loss = hf.loss("ppo_clip", clip_low=clip_ratio, clip_high=clip_ratio, loss_agg_mode=loss_agg_mode)
     inputs = [rollout, adv, old_logp]

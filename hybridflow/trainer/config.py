@@ -57,6 +57,7 @@ class PPOConfig(BaseModel):
     critic_lr: float = Field(1e-5, ge=0.0, description="Critic learning rate (AdamW).")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in steps.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Gradient clipping norm; None: no clipping.")
     # -- algorithm ------------------------------------------------------------
     clip_ratio: float = Field(0.2, gt=0.0, description="PPO clip range epsilon (both sides).")
@@ -68,6 +69,7 @@ class PPOConfig(BaseModel):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field("token-mean", description="How per-token losses become one number.")
+    recompute_old_log_probs: bool = Field(True, description="GRPO: recompute PPO's old log-probs with the train engine (True) or take the rollout engine's (False: one forward less per step; exact on-policy with the transformers rollout engine).")
     norm_by_std: bool = Field(True, description="GRPO: divide group advantages by the group std (False: Dr.GRPO).")
     # -- sampling -------------------------------------------------------------
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
@@ -80,6 +82,7 @@ class PPOConfig(BaseModel):
     seed: int = Field(0, description="Seed of the data order, sampling and model initialisation.")
     # -- loop ---------------------------------------------------------------
     eval_freq: int = Field(0, ge=0, description="Validate every this many steps (0: only before and after training).")
+    stop_at_val_score: float | None = Field(None, description="Stop once a validation's greedy score (val/score/greedy) reaches this; None: run all steps.")
     val_samples: int = Field(4, ge=1, description="k of val mean@k (sampled responses per validation prompt).")
     save_freq: int = Field(0, ge=0, description="Checkpoint every this many steps (0: never).")
     output_dir: str = Field("runs/hybridflow", description="Where metrics, drawings, traces and checkpoints go.")
@@ -138,13 +141,14 @@ GRAPH_ATTRS: dict[str, str] = {
     "n_samples": "n", "clip_ratio": "clip_ratio", "value_clip": "value_clip", "kl_coef": "kl_coef",
     "kl_type": "kl_type", "entropy_coef": "entropy_coef", "gamma": "gamma", "lam": "lam",
     "loss_agg_mode": "loss_agg_mode", "norm_by_std": "norm_by_std",
+    "recompute_old_log_probs": "recompute_old_log_probs",
 }
 """Config field -> graph attribute it sets, for the algorithms that have that attribute."""
 
 
 RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
-    "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps",
+    "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -68,6 +68,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self._nan_streak = 0
         self.out_of_time = False
+        self.target_reached = False
 
     # -- wiring ------------------------------------------------------------------------
     def set_reward_model(self, reward: Any) -> None:
@@ -92,6 +93,8 @@ class Trainer:
                  if attr in algorithm.defaults and field in self.config.model_fields_set}
         if "kl_as_loss" in algorithm.defaults:
             attrs["kl_as_loss"] = not self.config.kl_in_reward
+        if "kl_loss" in algorithm.defaults and "kl_coef" in self.config.model_fields_set:
+            attrs["kl_loss"] = self.config.kl_coef > 0  # kl_coef=0: no KL term and no reference model
         ignored = ignored_fields(self.config, algorithm.defaults)
         if ignored:
             log.warning("%s has no attribute for %s; these config fields are ignored", self.algorithm, ", ".join(ignored))
@@ -139,6 +142,7 @@ class Trainer:
         sampling = SamplingParams(n=1, max_new_tokens=self.max_response_length, temperature=cfg.temperature,
                                   top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
         common = dict(max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay,
+                      betas=cfg.adam_betas,
                       ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
                       num_threads=cfg.num_threads, seed=cfg.seed)
         specs: dict[str, RoleSpec] = {}
@@ -181,12 +185,19 @@ class Trainer:
                 last = self.step == cfg.max_steps or self.out_of_time
                 if last or (cfg.eval_freq and self.step % cfg.eval_freq == 0):
                     metrics.update(self._validate_with_progress())
+                    target = cfg.stop_at_val_score
+                    self.target_reached = target is not None and metrics["val/score/greedy"] >= target
+                    last = last or self.target_reached
                 self._nan_streak = nan_streak(metrics, self.step, self._nan_streak, cfg.max_nan_steps)
                 self.history.append(metrics)
                 self.progress.step_done(metrics)
                 self._log(metrics, self.step)
                 if cfg.save_freq and (last or self.step % cfg.save_freq == 0):
                     self.save_checkpoint()
+                if self.target_reached:
+                    log.warning("val/score/greedy=%.3f reached stop_at_val_score=%g: stopping after step %d",
+                                metrics["val/score/greedy"], cfg.stop_at_val_score, self.step)
+                    break
                 if self.out_of_time:
                     log.warning("max_time_s=%g reached: stopping after step %d of %d (resume='auto' continues)",
                                 cfg.max_time_s, self.step, cfg.max_steps)

@@ -7,13 +7,14 @@ Importing this package registers the loss ops ``ppo_clip``, ``ppo_clip_is``,
 from .aggregate import LOSS_AGG_MODES, aggregate_loss, count_seqs, count_tokens
 from .entropy import EntropyLoss, entropy_bonus, entropy_from_logits
 from .kl_loss import KLLoss, kl_loss
+from .nll import NLLLoss, nll
 from .policy import GSPOLoss, ISWeights, PolicyLoss, gspo, ppo_clip, ppo_clip_is, truncated_is_weight
 from .value import ValueLoss, value_clip
 
 __all__ = [
     "LOSS_AGG_MODES", "aggregate_loss", "count_seqs", "count_tokens",
     "EntropyLoss", "entropy_bonus", "entropy_from_logits",
-    "KLLoss", "kl_loss",
+    "KLLoss", "kl_loss", "NLLLoss", "nll",
     "GSPOLoss", "ISWeights", "PolicyLoss", "gspo", "ppo_clip", "ppo_clip_is", "truncated_is_weight",
     "ValueLoss", "value_clip",
 ]

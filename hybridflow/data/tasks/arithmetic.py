@@ -20,7 +20,7 @@ from typing import Any
 from ...errors import ConfigError
 from ..datasets import train_val_split, write_prompt_dataset
 
-__all__ = ["ALPHABET", "DATA_SOURCE", "OPERATORS", "make_arithmetic_rows", "write_arithmetic_dataset", "main"]
+__all__ = ["ALPHABET", "DATA_SOURCE", "OPERATORS", "make_arithmetic_rows", "write_arithmetic_dataset", "main", "random_wrong_answer"]
 
 DATA_SOURCE = "arithmetic"
 #: every character an arithmetic prompt or answer uses
@@ -104,3 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def random_wrong_answer(row: dict, rng, *, max_answer: int = 18) -> str:
+    """A uniformly random integer in 0..max_answer that is *not* the row's answer, as text.
+
+    The format warm-up of the arithmetic example trains on these: they have the shape of
+    an answer (one or two digits) and are never correct, so they teach the format only.
+    """
+    truth = row["ground_truth"]
+    choices = [str(v) for v in range(max_answer + 1) if str(v) != str(truth)]
+    return choices[rng.randrange(len(choices))]

@@ -26,6 +26,7 @@ LOSS_METRIC_NAMES: dict[str, str] = {
     "value_clip": "vf_loss",
     "kl_loss": "kl_loss",
     "entropy_bonus": "entropy_loss",
+    "nll": "sft_loss",
 }
 
 _COUNT_ATTRS = ("global_tokens", "global_seqs")

@@ -1,0 +1,33 @@
+"""Ops on the rollout itself."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .registry import register_op
+
+__all__ = ["OldLogProbs", "old_log_probs_from_rollout"]
+
+
+class OldLogProbs(NamedTuple):
+    old_log_probs: torch.Tensor
+
+
+@register_op(
+    "old_log_probs_from_rollout",
+    inputs=("rollout_log_probs: float32[B, R]", "response_mask: float32[B, R]"),
+    outputs=("old_log_probs: float32[B, R]",),
+)
+def old_log_probs_from_rollout(rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> OldLogProbs:
+    """Use the rollout engine's log-probs as PPO's old log-probs (0 at padding).
+
+    Shapes: rollout_log_probs, response_mask ``(b, r)`` -> old_log_probs ``(b, r)``.
+    Valid only on-policy, when the rollout engine samples from the same weights and
+    computes the same quantity as the train engine (``log_softmax(logits / T)`` before
+    top-k/top-p truncation); it saves one forward pass of the actor per step. With an
+    engine that differs (vLLM kernels, bf16), recompute them or correct with
+    ``truncated_is_weight`` (Yao et al. 2025).
+    """
+    valid = response_mask.to(torch.bool)
+    return OldLogProbs(torch.where(valid, rollout_log_probs, torch.zeros_like(rollout_log_probs)))
