@@ -10,6 +10,7 @@ a hang.
 """
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from typing import Literal
@@ -29,6 +30,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus
     """Make sure Ray is initialised; returns True when this call started it (the caller shuts it down)."""
     if ray.is_initialized():
         return False
+    # Ray replaces builtins.print in the driver once a worker logs a progress bar; keep this process's print.
+    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
     else:

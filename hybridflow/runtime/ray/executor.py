@@ -27,7 +27,6 @@ principle 3), distributed:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import ray
@@ -44,19 +43,15 @@ from ..weight_sync import DEFAULT_BUCKET_BYTES
 from .cluster import DeviceResource, connect, free_port, release_pools, reserve_pools
 from .dispatch import merge_results, split_for_ranks
 from .op_dispatch import OP_SUBMITTERS, InFlight
+from .overlap import run_overlapped
+from .streams import IterationState, Stream
 from .remote_engines import RemoteWorker
 from .slot_worker import SlotWorker
 from .topology import Slot, topology
 
-__all__ = ["RayExecutor", "IterationState"]
+__all__ = ["RayExecutor"]
 
 _RemoteSlot = ray.remote(SlotWorker)
-
-
-@dataclass
-class IterationState:
-    env: dict[str, Batch]
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RayExecutor:
@@ -95,6 +90,7 @@ class RayExecutor:
         self._options = dict(device_resource=device_resource, cpus_per_worker=cpus_per_worker,
                              timeout_s=collective_timeout_s, bucket_bytes=bucket_bytes, seed=seed,
                              setup_timeout_s=setup_timeout_s)
+        self._ahead: Stream | None = None
         self._owns_ray = connect(address, num_cpus=num_cpus, num_gpus=num_gpus)
         self._actors: dict[str, Any] = {}
         self._reservation = None
@@ -144,6 +140,7 @@ class RayExecutor:
 
     def restart(self) -> None:
         """Kill every slot and start a fresh worker group (engines rebuilt from the specs)."""
+        self._ahead = None
         self._stop_workers()
         self._start_workers()
 
@@ -195,62 +192,80 @@ class RayExecutor:
         return {pool.name: RemoteWorker(self, pool.name) for pool in self.plan.pools}
 
     # -- one iteration -----------------------------------------------------------------------------
-    def run_iteration(self, inputs: Mapping[str, Batch]) -> IterationResult:
-        """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``)."""
+    def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None) -> IterationResult:
+        """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
+
+        With a plan of ``staleness`` 1, ``next_inputs`` are the next step's inputs: their generation
+        (the ops with ``iteration_offset`` 1) starts now, with the weights before this step's update,
+        runs while this step trains, and is what the next call trains on (see :mod:`.overlap`).
+        """
+        self._check_inputs(inputs)
+        if self.plan.staleness == 0:
+            stream = Stream(list(self.plan.ops), IterationState(env=dict(inputs)), self.iteration)
+            self._drive([stream], stream)
+            self.iteration += 1
+            return IterationResult(env=stream.state.env, metrics=stream.state.metrics)
+        if next_inputs is not None:
+            self._check_inputs(next_inputs)
+        return run_overlapped(self, inputs, next_inputs)
+
+    def _check_inputs(self, inputs: Mapping[str, Batch]) -> None:
         expected = {i.name for i in self.graph.inputs}
         if set(inputs) != expected:
             raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
         if not self._actors:
             raise ExecutionError("the executor's workers are stopped (shutdown); create a new RayExecutor")
-        state = IterationState(env=dict(inputs))
-        pending, done, inflight = list(self.plan.ops), set(), {}
-        while pending or inflight:
-            self._send_ready(pending, done, inflight, state)
-            if not inflight:
-                if pending:
-                    raise ExecutionError(f"ops {[op.name for op in pending]} wait on ops that never run; the plan's deps are broken")
-                break
-            refs = [ref for f in inflight.values() for i, ref in enumerate(f.refs) if i not in f.results]
-            ray.wait(refs, num_returns=1, timeout=self.poll_s)
-            for name, flight in list(inflight.items()):
-                if self._collect(flight):
-                    del inflight[name]
-                    flight.finish([flight.results[i] for i in range(len(flight.refs))])
-                    self._record(flight)
-                    done.add(name)
-        self.iteration += 1
-        return IterationResult(env=state.env, metrics=state.metrics)
 
-    def _send_ready(self, pending: list[PlanOp], done: set[str], inflight: dict[str, InFlight], state: IterationState) -> None:
+    def _drive(self, streams: list[Stream], target: Stream) -> None:
+        """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight)."""
+        while not target.finished:
+            for stream in streams:
+                self._send_ready(stream)
+            flights = [(stream, f) for stream in streams for f in stream.inflight.values()]
+            if not flights:
+                if not target.finished:
+                    raise ExecutionError(f"ops {[op.name for op in target.pending]} wait on ops that never run; "
+                                         "the plan's deps are broken")
+                break
+            refs = [ref for _, f in flights for i, ref in enumerate(f.refs) if i not in f.results]
+            ray.wait(refs, num_returns=1, timeout=self.poll_s)
+            for stream, flight in flights:
+                if self._collect(flight):
+                    del stream.inflight[flight.op.name]
+                    flight.finish([flight.results[i] for i in range(len(flight.refs))])
+                    self._record(flight, stream.iteration)
+                    stream.done.add(flight.op.name)
+
+    def _send_ready(self, stream: Stream) -> None:
         """Send (or, for controller ops, run) every op whose deps are done, keeping each pool's plan order."""
         progress = True
         while progress:
             progress, blocked = False, set()
-            for op in list(pending):
+            for op in list(stream.pending):
                 pools = {op.pool, op.target_pool} - {None}
-                if not all(d in done for d in op.deps) or pools & blocked:
+                if not all(d in stream.done for d in op.deps) or pools & blocked:
                     blocked |= pools
                     continue
-                pending.remove(op)
+                stream.pending.remove(op)
                 if op.pool is None:
-                    self._run_controller(op, state)
-                    done.add(op.name)
+                    self._run_controller(op, stream)
+                    stream.done.add(op.name)
                     progress = True
                 else:
                     try:
-                        inflight[op.name] = OP_SUBMITTERS[op.kind](self, op, state)
+                        stream.inflight[op.name] = OP_SUBMITTERS[op.kind](self, op, stream.state)
                     except HybridflowError:
                         raise
                     except Exception as err:
                         raise ExecutionError(f"op {op.name!r} (role {op.role!r} on pool {op.pool!r}) could not be sent: "
                                              f"{type(err).__name__}: {err}") from err
 
-    def _run_controller(self, op: PlanOp, state: IterationState) -> None:
+    def _run_controller(self, op: PlanOp, stream: Stream) -> None:
         node = self.graph.node(op.node)
         with self.recorder.record(op=op.name, node=op.node, kind=node.kind, role=op.role, device=CONTROLLER,
-                                  iteration=self.iteration):
+                                  iteration=stream.iteration):
             try:
-                state.env[node.name] = run_compute(node, state.env)
+                stream.state.env[node.name] = run_compute(node, stream.state.env)
             except HybridflowError:
                 raise
             except Exception as err:
@@ -277,9 +292,9 @@ class RayExecutor:
         """A wall-clock time of a worker on the recorder's clock."""
         return wall - (time.time() - self.recorder.now())
 
-    def _record(self, flight: InFlight) -> None:
+    def _record(self, flight: InFlight, iteration: int) -> None:
         op = flight.op
-        fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=self.iteration)
+        fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=iteration)
         for i, slot in enumerate(flight.slots):
             start, end = flight.times[i]
             self.worker_spans.append(Span(device=slot.name, start=self._clock(start), end=self._clock(end), **fields))
@@ -303,7 +318,7 @@ class RayExecutor:
             reason = str(cause).strip().splitlines()
             return WorkerLostError(f"{what}: worker {names} died ({type(cause).__name__}: {reason[0] if reason else ''}). "
                                    "The executor stopped instead of waiting for it; restart() builds a fresh worker "
-                                   "group (the trainer's max_restarts does that and resumes from the newest checkpoint)")
+                                   "group, and resume='auto' continues a run from its newest checkpoint")
         if isinstance(cause, HybridflowError):
             return cause
         return ExecutionError(f"{what} failed on {slot.describe()}: {type(cause).__name__}: {cause}")

@@ -18,7 +18,8 @@ from .dispatch import merge_results, split_for_ranks
 from .topology import Slot, sync_group
 
 if TYPE_CHECKING:
-    from .executor import IterationState, RayExecutor
+    from .executor import RayExecutor
+    from .streams import IterationState
 
 __all__ = ["InFlight", "OP_SUBMITTERS"]
 

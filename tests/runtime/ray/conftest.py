@@ -5,6 +5,8 @@ per-worker GPU assignment run for real, while torch finds no CUDA and computes o
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import ray
 import ray_testkit
@@ -17,6 +19,8 @@ torch.set_num_threads(1)
 def ray_cluster():
     # Reward functions and helpers of the test kit run inside the workers, which cannot import test modules.
     ray.cloudpickle.register_pickle_by_value(ray_testkit)
+    # Ray would otherwise replace builtins.print in this process for good (other tests pickle print).
+    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
     ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
     yield ray.cluster_resources()
     ray.shutdown()

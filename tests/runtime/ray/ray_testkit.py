@@ -109,3 +109,83 @@ def hand_plan(graph, pools: dict[str, tuple[tuple[str, ...], int]], *, generatio
                          placements=tuple(placements), ops=tuple(ops))
     verify_plan(plan, after="hand_plan")
     return plan
+
+
+# -- a rendezvous of reward functions on different pools (proves they run at the same time) ----------
+
+def rendezvous_actor(parties: int, timeout_s: float = 60.0):
+    """A Ray actor whose ``arrive(name)`` returns once ``parties`` callers have arrived (or raises on timeout)."""
+    import asyncio
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Rendezvous:
+        def __init__(self):
+            self.arrived: list[str] = []
+            self.event = asyncio.Event()
+
+        async def arrive(self, name: str) -> list[str]:
+            self.arrived.append(name)
+            if len(self.arrived) >= parties:
+                self.event.set()
+            await asyncio.wait_for(self.event.wait(), timeout_s)
+            return sorted(self.arrived)
+
+    return Rendezvous.remote()
+
+
+def meeting_score(rendezvous, name: str, score: float = 1.0):
+    """A compute_score that, on its first call, waits at ``rendezvous`` for the other parties."""
+    met = []
+
+    def compute(data_source, solution_str, ground_truth, extra_info=None):
+        import ray
+
+        if not met:
+            met.extend(ray.get(rendezvous.arrive.remote(name)))
+        return score
+
+    return compute
+
+
+# -- faults ---------------------------------------------------------------------------------------------
+
+KILL = "kill-this-worker"
+
+
+def kill_on_marker(data_source, solution_str, ground_truth, extra_info=None):
+    """The arithmetic reward, except that scoring a sample whose ground truth is :data:`KILL` SIGKILLs this process."""
+    import os
+    import signal
+
+    if ground_truth == KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return compute_score(data_source, solution_str, ground_truth, extra_info)
+
+
+def marked_prompts(count: int = 3):
+    """``count`` prompts, the last one marked to kill the worker that scores it."""
+    rows = [dict(r) for r in ROWS[:count]]
+    rows[-1]["ground_truth"] = KILL
+    return make_prompt_batch(rows, TOKENIZER)
+
+
+# -- an algorithm with the off-policy correction, for overlapped (staleness 1) plans --------------------
+
+def _grpo_tis():
+    import hybridflow as hf
+
+    @hf.algorithm
+    def grpo_tis(prompts, actor, reward, *, n=2, cap=2.0):
+        """GRPO whose policy loss is weighted by the truncated IS ratio of the old policy to the rollout's."""
+        rollout = actor.generate(prompts, n=n)
+        old_logp = actor.logprob(rollout)
+        adv = hf.compute("grpo_advantage", rollout, reward.score(rollout))
+        weights = hf.compute("truncated_is_weight", old_logp, rollout, cap=cap)
+        actor.update(rollout, adv, old_logp, weights, loss="ppo_clip_is")
+
+    return grpo_tis
+
+
+grpo_tis = _grpo_tis()

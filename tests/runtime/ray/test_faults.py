@@ -1,0 +1,57 @@
+"""Faults: a worker SIGKILLed mid-step is a named error within 60 s, and a restarted group continues from a checkpoint.
+
+PPO colocated on two ranks (FSDP2 everywhere): the reward function on rank 1 kills its own process
+while scoring the marked sample. Rank 0 carries on into the next collective op of its queue
+(ref.logprob gathers shards with the dead rank), where the collective timeout keeps it from waiting
+forever; the executor does not wait for it: the dead rank's failure is reported at once, as a
+WorkerLostError naming the pool, the rank and the roles. ``restart()`` builds a fresh worker group;
+loading the state captured after step 1 into it and replaying step 2 gives step 2's metrics again
+(greedy sampling: the rollout draws no random numbers, so the state dicts are the whole state).
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from ray_testkit import kill_on_marker, marked_prompts, placement_plan, prompts, role_specs
+
+from hybridflow.algorithms import ALGORITHMS
+from hybridflow.errors import WorkerLostError
+from hybridflow.runtime.engines import SamplingParams
+from hybridflow.runtime.ray import RayExecutor
+
+TRAINED = ("actor", "critic")
+
+
+def _learned(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/", "weight_sync/"))}
+
+
+@pytest.mark.e2e
+def test_killed_worker_is_named_and_a_restarted_group_continues_from_a_checkpoint(ray_cluster):
+    graph = ALGORITHMS["ppo"].build()
+    specs = role_specs(graph, reward=kill_on_marker)
+    specs["actor"].sampling = SamplingParams(max_new_tokens=3, greedy=True)
+    with RayExecutor(placement_plan(graph, "colocate"), specs, collective_timeout_s=20) as executor:
+        def engines(role):
+            return executor.workers["pool0"].engines[role].train
+
+        executor.run_iteration({"prompts": prompts(0)})
+        checkpoint = {role: engines(role).state_dict() for role in TRAINED}
+        step2 = _learned(executor.run_iteration({"prompts": prompts(1)}).metrics)
+
+        start = time.monotonic()
+        with pytest.raises(WorkerLostError) as caught:
+            executor.run_iteration({"prompts": marked_prompts()})
+        assert time.monotonic() - start < 60
+        message = str(caught.value)
+        assert message.startswith("op '") and "pool 'pool0' rank 1" in message
+        assert "roles actor, critic, ref, reward" in message and "pool 'pool0' rank 0" not in message
+
+        executor.restart()
+        for role in TRAINED:
+            engines(role).load_state_dict(checkpoint[role])
+        replay = _learned(executor.run_iteration({"prompts": prompts(1)}).metrics)
+    assert replay.keys() == step2.keys()
+    for key in step2:
+        assert replay[key] == pytest.approx(step2[key], rel=1e-5, abs=1e-7), key

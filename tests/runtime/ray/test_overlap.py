@@ -1,0 +1,57 @@
+"""Overlap (staleness 1): generation of step i+1 runs while step i trains, with the weights after step i-1.
+
+GRPO with the truncated-IS policy loss; the rollout has a pool of its own. Each call gets the next
+step's prompts, starts their generation right after the weight sync (queued ahead of this step's
+update on the train pool) and returns when this step is trained. The rollout a step trains on was
+sampled by the weights its previous step started from: its rollout log-probs equal those weights'
+log-probs, not the current ones, and the IS weights are min(exp(old - rollout), cap).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from ray_testkit import grpo_tis, hand_plan, prompts, role_specs, tiny_model
+
+from hybridflow.compiler.passes.schedule import overlap_generation
+from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
+from hybridflow.runtime.ray import RayExecutor
+
+CAP = 2.0
+
+
+def _log_probs_under(state: dict, batch) -> torch.Tensor:
+    engine = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32"))
+    engine.module.load_state_dict(state)
+    return engine.compute_log_probs(batch)
+
+
+@pytest.mark.e2e
+def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluster):
+    graph = grpo_tis.build(n=2, cap=CAP)
+    plan = overlap_generation(hand_plan(graph, {"train": (("actor", "reward"), 1), "gen": ((), 1)},
+                                        generation=("actor", "gen")), 1)
+    batches = [{"prompts": prompts(i)} for i in range(4)]
+    with RayExecutor(plan, role_specs(graph, lr=5e-2)) as executor:
+        actor = executor.workers["train"].engines["actor"].train
+        weights = [actor.state_dict()["model"]]  # weights[i]: before step i's update
+        results = []
+        for i in range(3):
+            results.append(executor.run_iteration(batches[i], next_inputs=batches[i + 1]))
+            weights.append(actor.state_dict()["model"])
+        spans = executor.trace_spans()
+    assert [r.metrics["rollout/staleness"] for r in results] == [0.0, 1.0, 1.0]
+    for i, result in enumerate(results):
+        rollout, mask = result.env["actor.generate"], result.env["actor.generate"]["response_mask"]
+        old = result.env["actor.logprob"]["old_log_probs"]
+        sampled_with = weights[max(i - 1, 0)]  # step 0: on-policy; step i: the weights step i-1 started from
+        assert ((_log_probs_under(sampled_with, rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
+        assert ((_log_probs_under(weights[i], rollout) - old) * mask).abs().max() < 1e-5
+        gap = ((old - rollout["rollout_log_probs"]) * mask).abs().max()
+        assert (gap < 1e-5) if i == 0 else (gap > 1e-4)
+        expected_weights = torch.clamp(torch.exp(old - rollout["rollout_log_probs"]), max=CAP) * mask
+        assert torch.allclose(result.env["truncated_is_weight"]["is_weights"] * mask, expected_weights, atol=1e-6)
+    # The generation for step i+1 started before step i's update ended.
+    for i in range(2):
+        generate = next(s for s in spans if s.op == "actor.generate" and s.iteration == i + 1 and s.device == "gen")
+        update = next(s for s in spans if s.op == "actor.update" and s.iteration == i and s.device == "train")
+        assert generate.start < update.end
