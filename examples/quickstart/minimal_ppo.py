@@ -14,19 +14,23 @@ from hybridflow import PPOConfig, RolloutManager
 from hybridflow.trainer import PPOTrainer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=600, help="training steps (one batch of 64 prompts each)")
+parser.add_argument("--steps", type=int, default=2000, help="training steps (32 prompts x 16 samples each)")
+parser.add_argument("--max-time", type=float, default=600, help="stop after this many seconds of training")
 args = parser.parse_args()
 
-# 1. the config: 64 prompts a step, one PPO update on all 64 responses, a large LR for a tiny random model
+# 1. the config: 32 prompts x 16 samples a step, one PPO update on all 512 responses, large LRs for a tiny model
 config = PPOConfig(
     max_steps=args.steps,
-    rollout_batch_size=64,
-    batch_size=64,
+    max_time_s=args.max_time,
+    rollout_batch_size=32,
+    n_samples=16,
     max_response_length=3,  # the longest answer, "18", is two tokens, plus EOS
-    actor_lr=5e-4,
-    critic_lr=1e-3,
-    entropy_coef=0.005,  # a small entropy bonus slows the collapse onto one answer
-    eval_freq=100,  # greedy accuracy and mean@4 on the 100 prompts every 100 steps
+    actor_lr=1e-3,
+    critic_lr=1e-2,
+    adam_betas=(0.9, 0.9999),
+    entropy_coef=0.02,  # an entropy bonus slows the collapse onto one answer
+    eval_freq=20,  # greedy accuracy and mean@4 on the 100 prompts every 20 steps
+    stop_at_val_score=0.9,
     save_freq=args.steps,
     output_dir="runs/minimal_ppo",
     resume="never",
@@ -40,6 +44,10 @@ trainer = PPOTrainer(config=config)
 trainer.train()
 
 # what the policy answers now
+print("\n step  greedy accuracy on the 100 prompts")
+for step, metrics in sorted(trainer.validations.items()):
+    accuracy = metrics["val/score/greedy"]
+    print(f"{step:5d}  {accuracy:.2f} {'#' * round(40 * accuracy)}")
 before, after = trainer.validations[0], trainer.validations[trainer.step]
 print(f"greedy accuracy {before['val/score/greedy']:.2f} -> {after['val/score/greedy']:.2f}")
 answers = RolloutManager(trainer.actor_engines().train.module, trainer.tokenizer).generate(

@@ -15,8 +15,8 @@ from pathlib import Path
 __all__ = ["QUICKSTART", "add_arguments", "run"]
 
 QUICKSTART = dict(
-    max_steps=600, rollout_batch_size=64, batch_size=64, max_response_length=3,
-    actor_lr=5e-4, critic_lr=1e-3, entropy_coef=0.005, eval_freq=100, val_samples=4, log_every=50,
+    max_steps=400, rollout_batch_size=32, n_samples=16, max_response_length=3, actor_lr=1e-3, critic_lr=1e-2,
+    adam_betas=(0.9, 0.9999), entropy_coef=0.02, eval_freq=20, val_samples=4, log_every=20,
 )
 """The quickstart's PPOConfig settings (besides seed, output_dir, save_freq and resume)."""
 

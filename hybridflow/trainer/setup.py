@@ -22,13 +22,36 @@ def actor_source(config: PPOConfig, output_dir: Path) -> str:
     """The actor's path or hub name; with none configured, a tiny model for the built-in task, made in code."""
     if config.actor_model_name:
         return config.actor_model_name
-    from ..data import create_tiny_model_dir
-
     path = output_dir / "tiny_model"
     if not (path / "config.json").exists():
-        create_tiny_model_dir(path, task="arithmetic", seed=config.seed)
-    log.warning("no actor_model_name given: using a tiny random-weight model for the built-in arithmetic task at %s", path)
+        _make_builtin_model(path, config.seed)
+    log.warning("no actor_model_name given: using a tiny random-weight model (127k parameters, format warm-up on "
+                "wrong answers only) for the built-in arithmetic task at %s", path)
     return str(path)
+
+
+def _make_builtin_model(path: Path, seed: int) -> None:
+    """The built-in task's model: random weights, then 40 format-only warm-up steps.
+
+    The warm-up trains on ``a+b=<random wrong answer><eos>`` (never the true sum, see
+    :func:`~hybridflow.data.tasks.arithmetic.random_wrong_answer`): it teaches the shape of
+    an answer, so that RL spends its steps on correctness. Written to a temporary folder
+    and renamed, so an interrupted run never leaves a half-made model behind.
+    """
+    import shutil
+
+    from ..data import create_tiny_model_dir, load_causal_lm, load_tokenizer
+    from ..data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
+    from .warmup import supervised_warmup
+
+    staging = path.with_name(path.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    create_tiny_model_dir(staging, task="arithmetic", seed=seed, hidden=64, layers=2, heads=4, kv_heads=2)
+    model = load_causal_lm(staging)
+    supervised_warmup(model, load_tokenizer(staging), make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3,
+                      seed=seed)
+    model.save_pretrained(staging)
+    staging.rename(path)
 
 
 def load_rows(config: PPOConfig) -> tuple[list[dict], list[dict]]:

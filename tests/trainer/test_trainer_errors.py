@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hybridflow.errors import ConfigError, DataError, ModelLoadError, PlacementError
-from hybridflow.trainer import PPOTrainer, Trainer
+from hybridflow.trainer import PPOTrainer, ReMaxTrainer, Trainer
 
 
 def test_missing_model_folder(fast_config, tmp_path):
@@ -58,7 +58,7 @@ def test_unknown_algorithm_fails_at_construction(fast_config):
 
 
 def test_ignored_graph_fields_are_reported(fast_config, caplog):
-    trainer = PPOTrainer(config=fast_config(n_samples=4))
+    trainer = ReMaxTrainer(config=fast_config(value_clip=0.3))  # ReMax has no critic, so no value clip
     with caplog.at_level("WARNING", logger="hybridflow.trainer"):
         trainer.build_graph()
-    assert "ppo has no attribute for n_samples; these config fields are ignored" in caplog.text
+    assert "remax has no attribute for value_clip; these config fields are ignored" in caplog.text
