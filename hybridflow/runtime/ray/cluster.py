@@ -48,20 +48,24 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class PoolReservation:
-    """The placement group of each pool and the resources of one bundle (one device slot)."""
+    """The placement group of each pool and the resources of each of its bundles (one per device slot)."""
 
     groups: dict[str, PlacementGroup]
-    bundle: dict[str, float]
+    bundles: dict[str, dict[str, float]]
 
-    @property
-    def uses_gpu(self) -> bool:
-        return self.bundle.get("GPU", 0) > 0
+    def uses_gpu(self, pool: str) -> bool:
+        return self.bundles[pool].get("GPU", 0) > 0
 
 
-def _bundle(resource: DeviceResource, cpus_per_worker: float) -> dict[str, float]:
+def _device_resource(resource: DeviceResource) -> str:
     if resource == "auto":
-        resource = "GPU" if ray.cluster_resources().get("GPU", 0) >= 1 else "CPU"
-    if resource == "GPU":
+        return "GPU" if ray.cluster_resources().get("GPU", 0) >= 1 else "CPU"
+    return resource
+
+
+def pool_bundle(devices: tuple[str, ...], resource: str, cpus_per_worker: float) -> dict[str, float]:
+    """One slot's bundle: a GPU (and CPUs) on GPU clusters, except for pools of host CPUs ('cpu' devices)."""
+    if resource == "GPU" and any(d != "cpu" for d in devices):
         return {"CPU": cpus_per_worker, "GPU": 1.0}
     if cpus_per_worker <= 0:
         raise PlacementError("cpus_per_worker must be > 0 when slots reserve no GPU")
@@ -71,20 +75,21 @@ def _bundle(resource: DeviceResource, cpus_per_worker: float) -> dict[str, float
 def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpus_per_worker: float = 1.0,
                   timeout_s: float = 120.0) -> PoolReservation:
     """One PACKed placement group per pool, one bundle per device; PlacementError when Ray cannot place one."""
-    bundle = _bundle(resource, cpus_per_worker)
+    kind = _device_resource(resource)
+    bundles = {pool.name: pool_bundle(pool.devices, kind, cpus_per_worker) for pool in plan.pools}
     groups: dict[str, PlacementGroup] = {}
     for pool in plan.pools:
-        groups[pool.name] = placement_group([dict(bundle) for _ in pool.devices], strategy="PACK",
+        groups[pool.name] = placement_group([dict(bundles[pool.name]) for _ in pool.devices], strategy="PACK",
                                             name=f"hybridflow:{pool.name}")
     ready, _ = ray.wait([g.ready() for g in groups.values()], num_returns=len(groups), timeout=timeout_s)
     if len(ready) < len(groups):
-        release_pools(PoolReservation(groups, bundle))
-        need = {p.name: len(p.devices) for p in plan.pools}
+        release_pools(PoolReservation(groups, bundles))
+        need = {p.name: f"{len(p.devices)} x {bundles[p.name]}" for p in plan.pools}
         raise PlacementError(
-            f"Ray could not reserve the plan's pools within {timeout_s:.0f} s: it needs {need} slots of {bundle} "
-            f"each, and the cluster has {ray.available_resources()} free. Give Ray more resources "
-            "(ray.init(num_cpus=..., num_gpus=...)), lower cpus_per_worker, or compile for fewer devices")
-    return PoolReservation(groups, bundle)
+            f"Ray could not reserve the plan's pools within {timeout_s:.0f} s: they need {need}, and the cluster has "
+            f"{ {k: v for k, v in ray.available_resources().items() if k in ('CPU', 'GPU')} } free. Give Ray more resources (ray.init(num_cpus=..., num_gpus=...)), lower "
+            "cpus_per_worker, or compile for fewer devices")
+    return PoolReservation(groups, bundles)
 
 
 def release_pools(reservation: PoolReservation) -> None:

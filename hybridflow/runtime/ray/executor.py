@@ -47,11 +47,17 @@ from .overlap import run_overlapped
 from .streams import IterationState, Stream
 from .remote_engines import RemoteWorker
 from .slot_worker import SlotWorker
-from .topology import Slot, topology
+from .topology import Slot, Topology, topology
 
 __all__ = ["RayExecutor"]
 
 _RemoteSlot = ray.remote(SlotWorker)
+
+
+def group_backend(ranks, topo: Topology, devices: Mapping[str, str]) -> str:
+    """NCCL for a group whose members all compute on CUDA, gloo otherwise (CPU, or virtual GPUs in tests)."""
+    slots = {s.global_rank: s for s in topo.slots}
+    return "nccl" if all(devices[slots[r].name].startswith("cuda") for r in ranks) else "gloo"
 
 
 class RayExecutor:
@@ -67,6 +73,8 @@ class RayExecutor:
         collective_timeout_s: timeout of every collective (a dead peer raises after at most this).
         bucket_bytes: bucket size of weight syncs.
         seed: torch seed of every slot before building engines (identical replicas).
+        pin_cpus: pool name -> CPU cores its slots are pinned to (``os.sched_setaffinity``), with that
+            many torch threads; e.g. one core per pool on a small machine.
         recorder: where the per-op spans go (e.g. the trainer's PhaseRecorder).
     """
 
@@ -74,7 +82,8 @@ class RayExecutor:
                  num_cpus: int | None = None, num_gpus: int | None = None, device_resource: DeviceResource = "auto",
                  cpus_per_worker: float = 1.0, collective_timeout_s: float = 60.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, seed: int = 0, recorder: SpanRecorder | None = None,
-                 poll_s: float = 1.0, setup_timeout_s: float = 600.0, request_timeout_s: float = 600.0):
+                 pin_cpus: Mapping[str, tuple[int, ...]] | None = None, poll_s: float = 1.0,
+                 setup_timeout_s: float = 600.0, request_timeout_s: float = 600.0):
         self.plan = plan
         self.graph = plan.graph_ir()
         missing = [r.name for r in self.graph.roles if r.name not in specs]
@@ -87,7 +96,7 @@ class RayExecutor:
         self.iteration = 0
         self.poll_s = poll_s
         self.request_timeout_s = request_timeout_s
-        self._options = dict(device_resource=device_resource, cpus_per_worker=cpus_per_worker,
+        self._options = dict(device_resource=device_resource, cpus_per_worker=cpus_per_worker, pin_cpus=dict(pin_cpus or {}),
                              timeout_s=collective_timeout_s, bucket_bytes=bucket_bytes, seed=seed,
                              setup_timeout_s=setup_timeout_s)
         self._ahead: Stream | None = None
@@ -103,19 +112,22 @@ class RayExecutor:
         self._reservation = reserve_pools(self.plan, resource=o["device_resource"], cpus_per_worker=o["cpus_per_worker"])
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle = self._reservation.bundle
         for slot in self.topology.slots:
+            bundle = self._reservation.bundles[slot.pool]
             strategy = PlacementGroupSchedulingStrategy(self._reservation.groups[slot.pool], placement_group_bundle_index=slot.rank)
             specs = {r.role: self.specs[r.role] for r in slot.roles}
             self._actors[slot.name] = _RemoteSlot.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
-                max_restarts=0, max_task_retries=0, name=None,
+                max_restarts=0, max_task_retries=0,
             ).remote(slot, specs, timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
-        init = f"tcp://127.0.0.1:{free_port()}"
-        groups = dict(self.topology.groups)
-        refs = {slot.name: self.actor(slot).setup.remote(init, self.topology.world_size, groups, self._reservation.uses_gpu)
-                for slot in self.topology.slots}
         try:
+            devices = self._get_all({s.name: self.actor(s).probe.remote(self._reservation.uses_gpu(s.pool),
+                                                                       tuple(o["pin_cpus"].get(s.pool, ())))
+                                     for s in self.topology.slots}, "start", o["setup_timeout_s"])
+            groups = {name: (ranks, group_backend(ranks, self.topology, devices))
+                      for name, ranks in self.topology.groups.items()}
+            init = f"tcp://127.0.0.1:{free_port()}"
+            refs = {s.name: self.actor(s).setup.remote(init, self.topology.world_size, groups) for s in self.topology.slots}
             self.slot_info = self._get_all(refs, "set-up", o["setup_timeout_s"])
         except BaseException:
             self.shutdown()

@@ -1,10 +1,12 @@
 """The body of one Ray actor: a device slot hosting a :class:`RoleWorker` for every role placed there.
 
-Lifecycle: the executor creates the actor in its pool's placement group, then
-calls :meth:`SlotWorker.setup` on every slot at once: each joins the
-``torch.distributed`` world (gloo on CPU, gloo + NCCL on GPU, with the
-configured collective timeout, so a dead peer raises instead of hanging),
-creates the process groups of the topology in the same order, seeds torch
+Lifecycle: the executor creates the actor in its pool's placement group, asks
+it where it computes (:meth:`SlotWorker.probe`: CUDA when Ray gave it a GPU that
+torch can see, else CPU; optionally pinned to cores), then calls
+:meth:`SlotWorker.setup` on every slot at once: each joins the
+``torch.distributed`` world (gloo, with the configured collective timeout, so a
+dead peer raises instead of hanging), creates the topology's process groups in
+the same order (NCCL for groups of CUDA slots, gloo otherwise), seeds torch
 identically (so models built from a seed are identical replicas), and builds
 its engines. Afterwards every method returns ``(result, (start, end))`` with
 wall-clock times, from which the executor draws one trace track per worker.
@@ -44,34 +46,46 @@ class SlotWorker:
         self.bucket_bytes = bucket_bytes
         self.seed = seed
         self.groups: dict[str, Any] = {}
+        self.group_devices: dict[str, torch.device] = {}
         self.worker: RoleWorker | None = None
         self.device = "cpu"
 
     # -- set-up ------------------------------------------------------------------------------
-    def setup(self, init_method: str, world_size: int, groups: Mapping[str, Sequence[int]], use_gpu: bool) -> dict:
-        """Join the world, create the groups, build the engines; returns this process's pid, host, device and Ray GPU ids."""
+    def probe(self, use_gpu: bool, cpus: Sequence[int] = ()) -> str:
+        """Pin this process to ``cpus`` (if any) and say where it computes: 'cuda:0' or 'cpu'."""
+        if cpus:
+            os.sched_setaffinity(0, set(cpus))
+            torch.set_num_threads(len(cpus))
         self.device = "cuda:0" if use_gpu and torch.cuda.is_available() else "cpu"
-        backend = "cpu:gloo,cuda:nccl" if self.device.startswith("cuda") else "gloo"
         if self.device.startswith("cuda"):
             torch.cuda.set_device(0)
-        dist.init_process_group(backend, init_method=init_method, rank=self.slot.global_rank, world_size=world_size,
+        return self.device
+
+    def setup(self, init_method: str, world_size: int, groups: Mapping[str, tuple[Sequence[int], str]]) -> dict:
+        """Join the world, create the groups (name -> (global ranks, backend)), build the engines.
+
+        Returns this process's pid, host, device and Ray GPU ids.
+        """
+        dist.init_process_group("gloo", init_method=init_method, rank=self.slot.global_rank, world_size=world_size,
                                 timeout=self.timeout)
-        for name, ranks in groups.items():  # every process creates every group, in the same order
-            group = dist.new_group(list(ranks), timeout=self.timeout)
+        for name, (ranks, backend) in groups.items():  # every process creates every group, in the same order
+            group = dist.new_group(list(ranks), timeout=self.timeout, backend=backend)
             if self.slot.global_rank in ranks:
                 self.groups[name] = group
+                self.group_devices[name] = torch.device(self.device if backend == "nccl" else "cpu")
         torch.manual_seed(self.seed)
         mesh = None
         if any(r.dp > 1 for r in self.slot.roles):
             from torch.distributed.device_mesh import DeviceMesh
 
-            mesh = DeviceMesh.from_group(self.groups[pool_group(self.slot.pool)], torch.device(self.device).type)
+            pool = pool_group(self.slot.pool)
+            mesh = DeviceMesh.from_group(self.groups[pool], self.group_devices[pool].type)
         engines = build_slot_engines(self.slot.roles, self.specs, self.device, mesh)
         self.worker = RoleWorker.from_engines(self.device, engines)
         import ray
 
         return {"pid": os.getpid(), "host": os.uname().nodename, "device": self.device,
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "cpus": sorted(os.sched_getaffinity(0))}
 
     def ping(self) -> int:
         return os.getpid()
@@ -109,7 +123,7 @@ class SlotWorker:
         train = self.worker._engines(role, "train").train
         specs = tensor_specs(train.module.state_dict())
         stats = broadcast_send(train.named_weights(), specs, group=self.groups.get(group), src=src,
-                               is_src=self.slot.global_rank == src, device=torch.device(self.device),
+                               is_src=self.slot.global_rank == src, device=self.group_devices.get(group, torch.device("cpu")),
                                bucket_bytes=self.bucket_bytes)
         return stats, (start, time.time())
 
@@ -117,7 +131,7 @@ class SlotWorker:
         """Generation pool side of a cross-pool sync."""
         start = time.time()
         rollout = self.worker._engines(role, "rollout").rollout
-        stats = broadcast_receive(rollout, group=self.groups[group], src=src, device=torch.device(self.device),
+        stats = broadcast_receive(rollout, group=self.groups[group], src=src, device=self.group_devices[group],
                                   bucket_bytes=self.bucket_bytes)
         return stats, (start, time.time())
 

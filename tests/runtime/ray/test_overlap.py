@@ -8,6 +8,8 @@ log-probs, not the current ones, and the IS weights are min(exp(old - rollout), 
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from ray_testkit import grpo_tis, hand_plan, prompts, role_specs, tiny_model
@@ -31,7 +33,10 @@ def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluste
     plan = overlap_generation(hand_plan(graph, {"train": (("actor", "reward"), 1), "gen": ((), 1)},
                                         generation=("actor", "gen")), 1)
     batches = [{"prompts": prompts(i)} for i in range(4)]
-    with RayExecutor(plan, role_specs(graph, lr=5e-2)) as executor:
+    last = (os.cpu_count() or 1) - 1
+    with RayExecutor(plan, role_specs(graph, lr=5e-2), pin_cpus={"gen": (0,), "train": (last,)}) as executor:
+        # each pool's worker runs on the core it was pinned to
+        assert executor.slot_info["gen/rank0"]["cpus"] == [0] and executor.slot_info["train/rank0"]["cpus"] == [last]
         actor = executor.workers["train"].engines["actor"].train
         weights = [actor.state_dict()["model"]]  # weights[i]: before step i's update
         results = []
