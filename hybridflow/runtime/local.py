@@ -60,6 +60,10 @@ class LocalExecutor:
     def device(self, op: PlanOp) -> str:
         return CONTROLLER if op.pool is None else self.workers[op.pool].device
 
+    def trace_spans(self) -> list:
+        """The spans of the run's trace: one per op (the RayExecutor adds one per op and worker)."""
+        return list(self.recorder.spans)
+
     def run_iteration(self, inputs: Mapping[str, Batch]) -> IterationResult:
         """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``)."""
         expected = {i.name for i in self.graph.inputs}
