@@ -18,7 +18,10 @@ process up to float rounding (``tests/runtime/engines/test_fsdp.py``).
 
 Mini-batches: ``TrainEngineConfig.mini_batch_size`` is per rank here (the Ray
 executor divides the global one by ``dp``); every rank must run the same number
-of mini- and micro-batches, which equal-sized slices guarantee.
+of mini- and micro-batches, which equal-sized slices guarantee. The gradient
+norm (hence its non-finite skip) is global, but a non-finite *loss* is seen by
+the rank that computed it only: that rank skips its backward and the others
+wait in theirs until the collective timeout raises (an error, not a hang).
 
 State dicts go through ``torch.distributed.checkpoint.state_dict``: full
 (unsharded) tensors on rank 0 (``cpu_offload``; other ranks get empty dicts)
