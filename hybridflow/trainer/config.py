@@ -91,6 +91,7 @@ class PPOConfig(BaseModel):
     resume: str = Field("auto", description="'auto': continue from the newest complete checkpoint in output_dir/checkpoints (a fresh start when there is none); 'never': start fresh (an error if output_dir holds checkpoints); or the path of one checkpoint folder.")
     keep_checkpoints: int = Field(3, ge=1, description="Keep the newest this many checkpoints; older ones are deleted after each save.")
     max_nan_steps: int = Field(3, ge=1, description="Abort after this many steps in a row whose update skipped a mini-batch for a non-finite loss or gradient norm.")
+    max_restarts: int = Field(0, ge=0, description="executor='ray': how many times a run whose worker process died recreates the worker group and continues from its newest checkpoint (needs save_freq > 0); 0: the error ends the run.")
     # -- tracking -----------------------------------------------------------
     trackers: tuple[TrackerName, ...] = Field(("console", "jsonl", "tensorboard"), description="Where metrics go: console, jsonl (output_dir/metrics.jsonl), tensorboard (output_dir/tensorboard), wandb and mlflow (offline unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise). A default tracker whose package is missing is skipped with a warning; one named explicitly is an error.")
     progress_bar: bool = Field(True, description="Show a progress bar over steps (ETA, live mean reward, current phase) when the output is a terminal.")
@@ -149,6 +150,7 @@ GRAPH_ATTRS: dict[str, str] = {
 RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
+    "max_restarts",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -21,7 +21,7 @@ from .run_state import capture_json, capture_tensors, restore
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["save_run", "resume_run", "trained_engines", "rollout_engines"]
+__all__ = ["save_run", "resume_run", "resume_newest", "trained_engines", "rollout_engines"]
 
 log = logging.getLogger("hybridflow.trainer")
 
@@ -99,8 +99,21 @@ def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
 def resume_run(trainer: "Trainer") -> None:
     """Load the checkpoint ``config.resume`` names into the trainer's engines, RNGs, loader and step."""
     found = _find(trainer)
+    if found is not None:
+        _load(trainer, found)
+
+
+def resume_newest(trainer: "Trainer") -> None:
+    """Load the newest checkpoint that verifies, whatever ``config.resume`` says (recovery after a lost worker)."""
+    root = trainer.output_dir / CHECKPOINTS
+    found = newest_checkpoint(root)
     if found is None:
-        return
+        raise CheckpointError(f"no checkpoint in {root} to continue from after the lost worker; "
+                              "max_restarts needs save_freq > 0")
+    _load(trainer, found)
+
+
+def _load(trainer: "Trainer", found: LoadedCheckpoint) -> None:
     _check_compatible(trainer, found)
     restore(trained_engines(trainer), rollout_engines(trainer), found.tensors, found.state)
     trainer.loader.load_state_dict(found.state["loader"])

@@ -55,7 +55,8 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
     drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph")
     paths = {"graph": drawn.svg or drawn.dot}
     if trainer.executor is not None and trainer.executor.recorder.spans:
-        paths["trace"] = write_chrome_trace(trainer.executor.recorder.spans, out / "trace.json")
+        # one track per worker on Ray (trace_spans), one per device locally
+        paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), out / "trace.json")
     return paths
 
 

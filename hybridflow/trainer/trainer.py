@@ -19,7 +19,7 @@ import torch
 
 from ..algorithms import get_algorithm
 from ..compiler.local_plan import plan_local
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkerLostError
 from ..graph import Graph
 from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
@@ -178,9 +178,15 @@ class Trainer:
         try:
             if self.step == 0:
                 self._log(self._validate_with_progress(), 0)
+            first, restarts = self.step, 0
             while self.step < cfg.max_steps:
                 self.step += 1
-                metrics = self.train_step(self.loader.next_batch())
+                try:
+                    metrics = self.train_step(self.loader.next_batch())
+                except WorkerLostError as err:
+                    restarts = self._recover(err, restarts)
+                    del self.history[max(0, self.step - first):]
+                    continue
                 self.out_of_time = time.monotonic() >= deadline and self.step < cfg.max_steps
                 last = self.step == cfg.max_steps or self.out_of_time
                 if last or (cfg.eval_freq and self.step % cfg.eval_freq == 0):
@@ -209,6 +215,18 @@ class Trainer:
                 tracker.close()
             self._trackers = []
         return self.history
+
+    def _recover(self, err: WorkerLostError, used: int) -> int:
+        """A fresh worker group with the newest checkpoint loaded; returns the restarts used (re-raises past max)."""
+        from .resume import resume_newest
+
+        if used >= self.config.max_restarts:
+            raise err
+        log.warning("%s -- restart %d of %d: new workers, resuming from the newest checkpoint", err, used + 1,
+                    self.config.max_restarts)
+        self.executor.restart()
+        resume_newest(self)
+        return used + 1
 
     def train_step(self, rows: list[dict]) -> dict[str, float]:
         from ..data import make_prompt_batch

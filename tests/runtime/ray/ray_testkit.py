@@ -189,3 +189,17 @@ def _grpo_tis():
 
 
 grpo_tis = _grpo_tis()
+
+
+def kill_when_marked(marker: str):
+    """The arithmetic reward; a call that finds the file ``marker`` removes it and SIGKILLs this process (once)."""
+    def compute(data_source, solution_str, ground_truth, extra_info=None):
+        import os
+        import signal
+
+        if os.path.exists(marker):
+            os.remove(marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return compute_score(data_source, solution_str, ground_truth, extra_info)
+
+    return compute

@@ -49,3 +49,43 @@ def test_ray_trainer_matches_local_and_resumes(ray_cluster, tmp_path):
         assert want.keys() == got.keys(), step
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (step, key)
+
+
+class MarkAfter:
+    """A tracker that creates ``marker`` once step ``step`` is logged: the next reward call kills its worker."""
+
+    def __init__(self, marker, step: int):
+        self.marker, self.step = marker, step
+
+    def log(self, metrics, step):
+        if step == self.step:
+            self.marker.write_text("kill")
+
+    def close(self):
+        pass
+
+
+@pytest.mark.e2e
+def test_max_restarts_recreates_workers_and_matches_an_uninterrupted_run(ray_cluster, tmp_path):
+    from ray_testkit import kill_when_marked
+
+    model_dir = create_tiny_model_dir(tmp_path / "tiny", seed=0)
+    marker = tmp_path / "kill-now"
+    # unfinished_score=None: every response goes through the reward function, so step 3's scoring meets the marker
+    reference = PPOTrainer(config=_config(model_dir, tmp_path / "local", max_steps=4, save_freq=2, unfinished_score=None))
+    reference.set_reward_model(kill_when_marked(str(tmp_path / "never")))
+    expected = reference.train()
+    # Step 2 is checkpointed; the reward worker dies in step 3; one restart resumes from step 2.
+    trainer = PPOTrainer(config=_config(model_dir, tmp_path / "ray", executor="ray", max_steps=4, save_freq=2,
+                                        unfinished_score=None, max_restarts=1), trackers=[MarkAfter(marker, 2)])
+    trainer.set_reward_model(kill_when_marked(str(marker)))
+    try:
+        got = trainer.train()
+    finally:
+        trainer.executor.shutdown()
+    assert not marker.exists() and trainer.resumed_from.name == "step_00000002"  # the kill happened, then the resume
+    assert len(got) == len(expected) == 4
+    for step, (want, have) in enumerate(zip(expected, got), start=1):
+        want, have = _learned(want), _learned(have)
+        for key in want:
+            assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (step, key)
