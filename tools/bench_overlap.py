@@ -32,18 +32,6 @@ import time
 import torch
 
 
-def grpo_tis():
-    import hybridflow as hf
-
-    @hf.algorithm
-    def grpo_tis(prompts, actor, reward, *, n=4, cap=2.0):
-        rollout = actor.generate(prompts, n=n)
-        old_logp = actor.logprob(rollout)
-        adv = hf.compute("grpo_advantage", rollout, reward.score(rollout))
-        weights = hf.compute("truncated_is_weight", old_logp, rollout, cap=cap)
-        actor.update(rollout, adv, old_logp, weights, loss="ppo_clip_is")
-
-    return grpo_tis
 
 
 def plans(graph):
@@ -119,7 +107,9 @@ def main() -> None:
     from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: slots are pinned to cores
-    graph = grpo_tis().build(n=4)
+    from hybridflow.algorithms import grpo_is
+
+    graph = grpo_is.build(n=4)
     role_specs, tokenizer = specs(graph, args)
     rows = make_arithmetic_rows()
     count = args.warmup + args.steps + 1

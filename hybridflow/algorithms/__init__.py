@@ -9,13 +9,14 @@ from __future__ import annotations
 from ..errors import GraphError
 from ..graph import Algorithm
 from .grpo import grpo
+from .grpo_is import grpo_is
 from .ppo import ppo
 from .reinforce_pp import reinforce_pp
 from .remax import remax
 from .rloo import rloo
 from .safe_rlhf import safe_rlhf
 
-__all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "rloo", "reinforce_pp", "remax", "safe_rlhf",
+__all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "grpo_is", "rloo", "reinforce_pp", "remax", "safe_rlhf",
            "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer"]
 
 _TRAINERS = ("PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer")
@@ -30,7 +31,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hybridflow.algorithms' has no attribute {name!r}")
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "ppo": ppo, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
+    "ppo": ppo, "grpo": grpo, "grpo_is": grpo_is, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
 }
 """Algorithm name -> its traceable definition."""
 

@@ -173,22 +173,7 @@ def marked_prompts(count: int = 3):
 
 # -- an algorithm with the off-policy correction, for overlapped (staleness 1) plans --------------------
 
-def _grpo_tis():
-    import hybridflow as hf
-
-    @hf.algorithm
-    def grpo_tis(prompts, actor, reward, *, n=2, cap=2.0):
-        """GRPO whose policy loss is weighted by the truncated IS ratio of the old policy to the rollout's."""
-        rollout = actor.generate(prompts, n=n)
-        old_logp = actor.logprob(rollout)
-        adv = hf.compute("grpo_advantage", rollout, reward.score(rollout))
-        weights = hf.compute("truncated_is_weight", old_logp, rollout, cap=cap)
-        actor.update(rollout, adv, old_logp, weights, loss="ppo_clip_is")
-
-    return grpo_tis
-
-
-grpo_tis = _grpo_tis()
+from hybridflow.algorithms import grpo_is as grpo_tis  # noqa: E402  (GRPO with the truncated-IS loss)
 
 
 def kill_when_marked(marker: str):
