@@ -39,6 +39,27 @@ def test_grpo_eps_bounds_constant_group():
     assert torch.equal(adv, torch.zeros(2, 2))
 
 
+def test_equal_non_binary_scores_give_exactly_zero():
+    # 0.3 is not a float32 grid point: 8 x 0.3 summed and divided by 8 is 0.30000001, one ulp
+    # above 0.3 (float32). Without care, (0.3 - 0.30000001) / (0 + 1e-6) = -0.0119 on every row.
+    scores, groups, mask = torch.full((8,), 0.3), torch.zeros(8, dtype=torch.long), torch.ones(8, 2)
+    assert (scores.sum() / 8).item() != torch.tensor(0.3).item()  # the ulp this test is about
+    for op in (grpo_advantage, rloo_advantage, reinforce_pp_baseline_advantage):
+        assert torch.equal(op(scores, groups, mask).advantages, torch.zeros(8, 2)), op.__name__
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=1, max_size=5),
+       size=st.integers(2, 16), norm_by_std=st.booleans())
+def test_groups_of_equal_scores_get_exactly_zero(values, size, norm_by_std):
+    # Any float32 score repeated over a group: the advantage is exactly 0 (not an ulp over eps).
+    scores = torch.tensor(values, dtype=torch.float32).repeat_interleave(size)
+    groups = torch.arange(len(values)).repeat_interleave(size)
+    mask = torch.ones(len(scores), 2)
+    assert torch.equal(grpo_advantage(scores, groups, mask, norm_by_std=norm_by_std).advantages, torch.zeros_like(mask))
+    assert torch.equal(rloo_advantage(scores, groups, mask).advantages, torch.zeros_like(mask))
+
+
 def test_rloo_hand_worked():
     # A_i = s_i - mean of the others.
     # Group 7: 1 - (0+0)/2 = 1;  0 - (1+0)/2 = -0.5 (twice).   Check: n/(n-1)(s - mean) = 1.5 * 2/3 = 1.
