@@ -14,6 +14,13 @@ GRPO-style groups of 8 this divides the prefill cost by 8.
 
 Rows that reach EOS keep being fed the pad token until every row is done or
 ``max_new_tokens`` is reached; what they produce is discarded.
+
+A sampled pad token ends its response too (when ``stop_at_eos``), kept and masked in
+like an EOS. Otherwise a ``<pad>`` drawn between two tokens would be a valid response
+token that looks like padding: code that finds a response's end by its ids, a reward
+that strips special tokens, and the loss would each see a different response. Ended
+this way, the response did not end with EOS, so rewards treat it as unfinished
+(``unfinished_score``), and its last token's log-prob is trained like any other.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ class Decoded(NamedTuple):
     response_ids: torch.Tensor
     """``(b, max_new_tokens)`` int64, right-padded with the pad id."""
     response_mask: torch.Tensor
-    """``(b, max_new_tokens)`` float32: 1 up to and including the first EOS, 0 after."""
+    """``(b, max_new_tokens)`` float32: 1 up to and including the first EOS (or pad), 0 after."""
     log_probs: torch.Tensor
     """``(b, max_new_tokens)`` float32: ``log_softmax(logits / T)`` at each sampled token, 0 at padding."""
 
@@ -72,7 +79,7 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
         cache.reorder_cache(rows)
         logits, attention, positions = logits[rows], attention[rows], positions[rows]
     b = logits.shape[0]
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
+    stops = torch.tensor(sorted({*eos_token_ids, pad_token_id}), dtype=torch.long, device=device)
     tokens = torch.full((b, steps), pad_token_id, dtype=torch.long, device=device)
     mask = torch.zeros((b, steps), dtype=torch.float32, device=device)
     log_probs = torch.zeros((b, steps), dtype=torch.float32, device=device)
@@ -85,8 +92,8 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
         mask[:, t] = (~done).float()
         log_probs[:, t] = torch.where(done, 0.0, step_log_probs.gather(-1, token[:, None]).squeeze(-1))
         tokens[:, t] = token
-        if params.stop_at_eos and eos.numel():
-            done = done | torch.isin(token, eos)
+        if params.stop_at_eos:
+            done = done | torch.isin(token, stops)
         if t == steps - 1 or bool(done.all()):
             break
         attention = torch.cat([attention, (~done).long()[:, None]], dim=-1)

@@ -6,7 +6,8 @@ repeats each prompt ``n`` times, decodes (:func:`.decode.decode`) and returns
 the repeated batch with
 
 - ``response_ids`` int64[B, R] right-padded with the pad id to ``R = max_new_tokens``,
-- ``response_mask`` float32[B, R]: 1 up to and including the first EOS, 0 after,
+- ``response_mask`` float32[B, R]: 1 up to and including the first EOS, 0 after (a sampled
+  pad token ends a response like an EOS, see :mod:`.decode`),
 - ``rollout_log_probs`` float32[B, R]: ``log_softmax(logits / T)`` of each sampled token,
   before top-k/top-p truncation (see :mod:`.sampling`), 0 at padding,
 - ``group_index`` int64[B]: the prompt each response belongs to (row of the input batch),

@@ -13,14 +13,17 @@ from engine_testkit import PROMPTS, prompt_batch, tiny_model
 
 
 @torch.no_grad()
-def slow_greedy(model, ids: list[int], max_new: int, eos: int) -> list[int]:
-    """Argmax decoding of one unpadded prompt, re-running the whole sequence each step (no KV cache)."""
+def slow_greedy(model, ids: list[int], max_new: int, eos: int, pad: int = 0) -> list[int]:
+    """Argmax decoding of one unpadded prompt, re-running the whole sequence each step (no KV cache).
+
+    It stops after the first EOS or pad token (a sampled pad ends a response too).
+    """
     seq, out = list(ids), []
     for _ in range(max_new):
         token = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
         out.append(token)
         seq.append(token)
-        if token == eos:
+        if token in (eos, pad):
             break
     return out
 
@@ -38,7 +41,7 @@ def test_greedy_matches_slow_reference_and_is_deterministic(tokenizer, model, pr
     assert torch.equal(first["response_ids"], again["response_ids"])
     for row, text in enumerate(PROMPTS):
         ids = tokenizer(text)["input_ids"]  # unpadded: padding and the cache must not change the argmax path
-        assert valid_tokens(first, row) == slow_greedy(model, ids, 10, tokenizer.eos_token_id)
+        assert valid_tokens(first, row) == slow_greedy(model, ids, 10, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
 def test_output_fields_shapes_and_dtypes(tokenizer, model, prompts):
@@ -70,15 +73,54 @@ def test_stop_at_eos_masks_the_rest(tokenizer, model):
     ids, mask, logp = out["response_ids"], out["response_mask"], out["rollout_log_probs"]
     stopped = 0
     for row in range(len(out)):
-        hits = (ids[row] == eos).nonzero().flatten().tolist()
-        end = hits[0] + 1 if hits else ids.shape[1]  # one past the first EOS
-        stopped += bool(hits)
+        hits = ((ids[row] == eos) | (ids[row] == pad)).nonzero().flatten().tolist()
+        end = hits[0] + 1 if hits else ids.shape[1]  # one past the first EOS (or sampled pad)
+        at_eos = bool(hits) and int(ids[row, hits[0]]) == eos
+        stopped += at_eos
         assert mask[row].tolist() == [1.0] * end + [0.0] * (ids.shape[1] - end)
         assert (ids[row, end:] == pad).all() and (logp[row, end:] == 0).all()
-        assert out["responses"][row] == tokenizer.decode(ids[row, :end - 1 if hits else end].tolist())
+        assert out["responses"][row] == tokenizer.decode(ids[row, :end - 1 if at_eos else end].tolist())
     assert 0 < stopped < len(out)  # both kinds of rows occurred, so both branches were checked
     no_stop = engine.generate(batch, SamplingParams(max_new_tokens=16, temperature=2.0, seed=3, stop_at_eos=False))
     assert (no_stop["response_mask"] == 1).all()
+
+
+class _Favour:
+    """A forward hook that adds ``bonus`` to one token's logit at decoding step ``at`` (0 = the prefill)."""
+
+    def __init__(self, token: int, at: int, bonus: float = 50.0):
+        self.token, self.at, self.bonus, self.calls = token, at, bonus, 0
+
+    def __call__(self, module, args, output):
+        if self.calls == self.at:
+            output.logits[..., -1, self.token] += self.bonus
+        self.calls += 1
+        return output
+
+
+def test_a_sampled_pad_ends_the_response_as_unfinished(tokenizer, model):
+    # The model is pushed to sample <pad> as its second token: the response must end there,
+    # pad kept and masked in (its log-prob is real and will be trained), and the rule reward
+    # must see a response that did not end with EOS (unfinished_score), not "d<pad>..." text.
+    from hybridflow.runtime.engines.rule_reward import RuleRewardSource
+
+    pad = tokenizer.pad_token_id
+    batch = prompt_batch(tokenizer, PROMPTS)
+    handle = model.register_forward_hook(_Favour(pad, at=1))
+    try:
+        out = HFRolloutEngine(model, tokenizer=tokenizer).generate(batch, SamplingParams(max_new_tokens=6, seed=0))
+    finally:
+        handle.remove()
+    ids, mask, logp = out["response_ids"], out["response_mask"], out["rollout_log_probs"]
+    first_stop = ((ids == tokenizer.eos_token_id) | (ids == pad)).float().argmax(-1)
+    ended_by_pad = (ids[:, 1] == pad) & (ids[:, 0] != tokenizer.eos_token_id) & (ids[:, 0] != pad)
+    assert ended_by_pad.all(), ids  # the bonus made every row sample pad at step 1
+    assert (first_stop == 1).all()
+    assert torch.equal(mask, torch.tensor([[1.0, 1.0] + [0.0] * 4] * len(out)))
+    assert (logp[:, 1] > -1e-3).all() and (logp[:, 2:] == 0).all()  # pad was near-certain, then nothing
+    scorer = RuleRewardSource(lambda source, text, truth, info=None: 1.0, tokenizer=tokenizer,
+                              eos_token_ids=[tokenizer.eos_token_id], unfinished_score=-1.0)
+    assert scorer.score(out).scores.tolist() == [-1.0] * len(out)
 
 
 def test_top_k_1_sampling_equals_greedy(tokenizer, model, prompts):
