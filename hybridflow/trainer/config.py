@@ -18,12 +18,43 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import ConfigError
 
-__all__ = ["PPOConfig", "GRAPH_ATTRS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error", "config_hash"]
+__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error", "config_hash"]
 
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """Tracker names the ``trackers`` field accepts."""
 TrackerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+
+
+class LRSchedule(BaseModel):
+    """The learning-rate schedule of one trainable role (verl's ``optim`` section).
+
+    A factor of the role's peak learning rate, stepped once per training step: a linear
+    warm-up from ``lr / W`` to ``lr`` over the first ``W`` steps, then ``constant``, ``linear``
+    or ``cosine`` decay to ``min_lr_ratio * lr`` at ``decay_steps`` (formulas in
+    :mod:`hybridflow.runtime.engines.optim`). In YAML either a name (``actor_lr_schedule: cosine``)
+    or a mapping (``actor_lr_schedule: {name: cosine, min_lr_ratio: 0.05}``); on the command
+    line ``actor_lr_schedule.min_lr_ratio=0.05``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after the warm-up: constant (none), linear or cosine.")
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear warm-up; 0: warmup_ratio decides.")
+    warmup_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Warm-up as a fraction of decay_steps, used when warmup_steps is 0 (verl's lr_warmup_steps_ratio).")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Learning rate at the end of the decay, as a fraction of the peak.")
+    decay_steps: int | None = Field(None, ge=1, description="Steps the schedule spans (warm-up included); None: the run's max_steps. Set it when a run will be resumed with a larger max_steps, so that the schedule does not change.")
+
+    def engine_settings(self, max_steps: int) -> dict:
+        """The :class:`~hybridflow.runtime.engines.TrainEngineConfig` fields of this schedule for a run of ``max_steps``."""
+        total = self.decay_steps or max_steps
+        warmup = self.warmup_steps or int(round(self.warmup_ratio * total))
+        return {"lr_schedule": self.name, "warmup_steps": warmup, "total_steps": total, "min_lr_ratio": self.min_lr_ratio}
+
+
+def _schedule_from_name(value):
+    """``"cosine"`` -> ``{"name": "cosine"}``: a schedule may be given by its name alone."""
+    return {"name": value} if isinstance(value, str) else value
 
 
 class PPOConfig(BaseModel):
@@ -55,7 +86,8 @@ class PPOConfig(BaseModel):
     # -- optimisation ---------------------------------------------------------
     actor_lr: float = Field(1e-6, ge=0.0, description="Actor learning rate (AdamW).")
     critic_lr: float = Field(1e-5, ge=0.0, description="Critic learning rate (AdamW).")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in steps.")
+    actor_lr_schedule: LRSchedule = Field(default_factory=LRSchedule, description="Actor learning-rate schedule: name (constant | linear | cosine), warmup_steps, warmup_ratio, min_lr_ratio, decay_steps (see LRSchedule).")
+    critic_lr_schedule: LRSchedule = Field(default_factory=LRSchedule, description="Critic learning-rate schedule, as actor_lr_schedule.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Gradient clipping norm; None: no clipping.")
@@ -113,6 +145,11 @@ class PPOConfig(BaseModel):
         except ValidationError as err:
             raise config_error(err, f"PPOConfig.{name}") from None
 
+    @field_validator("actor_lr_schedule", "critic_lr_schedule", mode="before")
+    @classmethod
+    def _schedule_name(cls, value):
+        return _schedule_from_name(value)
+
     @field_validator("device_map")
     @classmethod
     def _devices_are_devices(cls, value: dict) -> dict:
@@ -161,7 +198,15 @@ def config_hash(config: PPOConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+MOVED_FIELDS: dict[str, str] = {
+    "warmup_steps": "actor_lr_schedule.warmup_steps (and critic_lr_schedule.warmup_steps): schedules are per role",
+}
+"""Fields that were renamed or moved -> where they are now (named in the unknown-field error)."""
+
+
 def _suggestion(name: str) -> str:
+    if name in MOVED_FIELDS:
+        return f"; it moved to {MOVED_FIELDS[name]}"
     close = difflib.get_close_matches(name, PPOConfig.model_fields, n=1)
     return f"; did you mean {close[0]!r}?" if close else "; see `hybridflow run --help-config` for the fields"
 

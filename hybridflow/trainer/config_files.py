@@ -10,7 +10,8 @@ A run file is a flat mapping of :class:`PPOConfig` fields plus one more key, ``a
 
 Overrides are ``key=value`` with the value read as YAML (``actor_lr=3e-4``, ``trackers=[console]``,
 ``reward_model_name=null``); ``key.sub=value`` sets one entry of a mapping field
-(``device_map.actor=cuda:0``). An unknown key, a sub-key of a field that is not a mapping,
+(``device_map.actor=cuda:0``) or one field of a settings record
+(``actor_lr_schedule.name=cosine``). An unknown key, a sub-key of a field that is not a mapping,
 or a value of the wrong type is a ConfigError naming the field path.
 """
 from __future__ import annotations
@@ -21,9 +22,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
+from pydantic import BaseModel
 
 from ..errors import ConfigError
-from .config import PPOConfig
+from .config import MOVED_FIELDS, PPOConfig
 
 __all__ = ["ALGORITHM_KEY", "load_run_config", "apply_override", "read_yaml"]
 
@@ -52,6 +54,8 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
 def _unknown(key: str, where: str) -> ConfigError:
     close = difflib.get_close_matches(key, [*PPOConfig.model_fields, ALGORITHM_KEY], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else "; `hybridflow run --fields` lists them"
+    if key in MOVED_FIELDS:
+        hint = f"; it moved to {MOVED_FIELDS[key]}"
     return ConfigError(f"{where}: unknown config field {key!r}{hint}")
 
 
@@ -73,6 +77,10 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         if current is None and depth == 0:
             default = PPOConfig.model_fields[part].get_default(call_default_factory=True)
             current = dict(default) if isinstance(default, dict) else default
+            if isinstance(current, BaseModel):  # a settings record (actor_lr_schedule): its fields are the sub-keys
+                current = current.model_dump()
+        if depth == 0 and isinstance(current, str) and part.endswith("_lr_schedule"):
+            current = {"name": current}  # a schedule given by its name
         if not isinstance(current, dict):
             field = ".".join(path[:depth + 1])
             raise ConfigError(f"override {item!r}: {field} is not a mapping, so {key} cannot be set; write {field}=VALUE")

@@ -19,12 +19,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def field_table() -> str:
+    from pydantic import BaseModel
+
     from .config import PPOConfig
     from .config_files import ALGORITHM_KEY
 
     lines = [f"{ALGORITHM_KEY}: ppo | grpo | rloo | reinforce_pp | remax (default ppo) — the algorithm's graph"]
     for name, field in PPOConfig.model_fields.items():
         default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):  # a settings record: one line per sub-field, as overrides name them
+            lines.append(f"{name}: {field.description}")
+            for sub, sub_field in type(default).model_fields.items():
+                lines.append(f"  {name}.{sub} (default {getattr(default, sub)!r}): {sub_field.description}")
+            continue
         lines.append(f"{name} (default {default!r}): {field.description}")
     return "\n".join(lines)
 

@@ -141,18 +141,20 @@ class Trainer:
         cfg = self.config
         sampling = SamplingParams(n=1, max_new_tokens=self.max_response_length, temperature=cfg.temperature,
                                   top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
-        common = dict(max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay,
+        common = dict(max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay,
                       betas=cfg.adam_betas,
                       ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
                       num_threads=cfg.num_threads, seed=cfg.seed)
         specs: dict[str, RoleSpec] = {}
         for role in self.graph.roles:
             if role.kind == "policy":
-                train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, **common)
+                train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, **common,
+                                          **cfg.actor_lr_schedule.engine_settings(cfg.max_steps))
                 specs[role.name] = RoleSpec(model=self.actor_path, tokenizer=self.tokenizer, train=train, sampling=sampling)
             elif role.kind == "critic":
                 specs[role.name] = RoleSpec(model=cfg.critic_model_name or self.actor_path,
-                                            train=TrainEngineConfig(lr=cfg.critic_lr, **common))
+                                            train=TrainEngineConfig(lr=cfg.critic_lr, **common,
+                                                                    **cfg.critic_lr_schedule.engine_settings(cfg.max_steps)))
             elif role.kind == "reference":
                 specs[role.name] = RoleSpec(model=cfg.ref_model_name or self.actor_path, sampling=sampling)
             else:

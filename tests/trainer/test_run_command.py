@@ -26,3 +26,11 @@ def test_fields_lists_every_field(capsys):
     assert main(["run", "--fields"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("algorithm: ppo | grpo") and "rollout_batch_size (default 8): Prompts sampled per training step." in text
+
+
+def test_fields_lists_the_sub_fields_of_settings_records(capsys):
+    assert main(["run", "--fields"]) == 0
+    text = capsys.readouterr().out
+    for role in ("actor", "critic"):
+        for sub in ("name", "warmup_steps", "warmup_ratio", "min_lr_ratio", "decay_steps"):
+            assert f"\n  {role}_lr_schedule.{sub} (default " in text, (role, sub)

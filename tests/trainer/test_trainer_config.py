@@ -105,3 +105,40 @@ def test_example_configs_load():
     folder = Path(__file__).resolve().parents[2] / "examples" / "configs"
     loaded = {p.name: load_run_config(p) for p in sorted(folder.glob("*.yaml"))}
     assert loaded["quickstart.yaml"][0] == "ppo" and loaded["grpo_arith.yaml"][0] == "grpo"
+
+
+def test_lr_schedules_per_role_from_yaml_name_mapping_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm: ppo\nactor_lr_schedule: cosine\ncritic_lr_schedule: {name: linear, warmup_ratio: 0.1}\n")
+    _, config = load_run_config(path, ["actor_lr_schedule.min_lr_ratio=0.05", "critic_lr_schedule.decay_steps=40"])
+    assert (config.actor_lr_schedule.name, config.actor_lr_schedule.min_lr_ratio) == ("cosine", 0.05)
+    assert (config.critic_lr_schedule.name, config.critic_lr_schedule.decay_steps) == ("linear", 40)
+    # warmup_ratio counts in steps of the schedule's span; decay_steps None spans max_steps
+    assert config.critic_lr_schedule.engine_settings(max_steps=100) == {
+        "lr_schedule": "linear", "warmup_steps": 4, "total_steps": 40, "min_lr_ratio": 0.0}
+    assert config.actor_lr_schedule.engine_settings(max_steps=100)["total_steps"] == 100
+    _, default = load_run_config(None, ["actor_lr_schedule.warmup_steps=3"])  # override into the default record
+    assert (default.actor_lr_schedule.name, default.actor_lr_schedule.warmup_steps) == ("constant", 3)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_lr_schedule=exponential", "actor_lr_schedule.name"),
+    ("actor_lr_schedule.min_lr_ratio=2", "actor_lr_schedule.min_lr_ratio"),
+    ("actor_lr_schedule.warmup=3", "actor_lr_schedule.warmup"),
+    ("warmup_steps=3", "actor_lr_schedule.warmup_steps"),
+])
+def test_bad_lr_schedules_name_the_field(override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_run_config(None, [override])
+
+
+def test_trainer_steps_the_actor_lr_along_its_schedule(fast_config):
+    # cosine from 1e-2 to 0.1 * 1e-2 over 4 steps after 1 warm-up step; each step logs the lr it used:
+    # f(0) = 1 (warm-up 1/1), then p = (k - 1) / 3: f = 0.1 + 0.9 * (1 + cos(pi p)) / 2 -> 1, 0.775, 0.325
+    from hybridflow.trainer import Trainer
+
+    schedule = {"name": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1}
+    config = fast_config(max_steps=4, actor_lr=1e-2, actor_lr_schedule=schedule)
+    history = Trainer(config, algorithm="grpo").train()
+    got = [m["actor/lr"] for m in history]
+    assert got == pytest.approx([1e-2, 1e-2, 0.775e-2, 0.325e-2], rel=1e-6)
