@@ -7,10 +7,17 @@ followed by EOS, 0 otherwise (hybridflow_ops.rewards.arithmetic). The model is a
 1. Format warm-up: 40 supervised steps on ``a+b=<random wrong answer><eos>`` — answers
    drawn uniformly from 0..18 *excluding the true sum*, so the model learns the shape of
    an answer and nothing of which answer is right.
-2. GRPO (Shao et al. 2024): 64 prompts per step, 16 samples each, group-normalised
-   advantages, PPO clip, no KL; greedy accuracy over all 100 prompts every 10 steps.
+2. GRPO (Shao et al. 2024): 32 prompts per step, 16 samples each, group-normalised
+   advantages, PPO clip, a low-variance KL loss (0.1) to the warmed-up model, actor LR
+   2e-3 cosine-decayed to 5% over 1,000 steps; greedy accuracy over all 100 prompts every
+   25 steps, stopping once it reaches ``--target``.
 
-Run: python examples/grpo_arith/train.py [--out runs/grpo_arith] [--max-time 600]
+The KL loss and the decaying LR are what make this recipe learn on every seed tried: with
+a constant LR and no KL the policy can lock onto the most frequent sum ("9") within a few
+dozen steps on some seeds and machines, and never leave it (``tools/bench_learning.py``
+measures it over seeds).
+
+Run: python examples/grpo_arith/train.py [--out runs/grpo_arith] [--seed 0] [--steps 1000]
 Prints the accuracy curve and writes metrics.jsonl (and curve.json) to --out.
 """
 from __future__ import annotations
@@ -32,11 +39,13 @@ from hybridflow.trainer.warmup import supervised_warmup
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/grpo_arith", help="output folder")
-    parser.add_argument("--max-time", type=float, default=600.0, help="wall-time budget for RL, seconds")
-    parser.add_argument("--target", type=float, default=0.95, help="stop once greedy accuracy reaches this")
+    parser.add_argument("--steps", type=int, default=1000, help="RL steps (the LR schedule spans this many)")
+    parser.add_argument("--target", type=float, default=0.95, help="stop once greedy accuracy reaches this (1.1: never)")
+    parser.add_argument("--max-time", type=float, default=None, help="optional wall-time budget for RL, seconds")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompts", type=int, default=64, help="prompts per step")
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per step")
     parser.add_argument("--samples", type=int, default=16, help="responses per prompt")
+    parser.add_argument("--eval-every", type=int, default=25, help="greedy accuracy on the 100 prompts every this many steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for this model)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -56,12 +65,13 @@ def main(argv=None) -> dict:
     config = PPOConfig(
         actor_model_name=str(model_dir), output_dir=str(out), seed=args.seed, num_threads=args.threads,
         rollout_batch_size=args.prompts, n_samples=args.samples, max_response_length=3, temperature=1.0,
-        actor_lr=2e-3, adam_betas=(0.9, 0.9999), max_grad_norm=1.0, clip_ratio=0.2, loss_agg_mode="token-mean",
-        kl_coef=0.0, recompute_old_log_probs=False, max_steps=100_000, max_time_s=args.max_time,
-        eval_freq=10, val_samples=1, stop_at_val_score=args.target, resume="never", trackers=("console", "jsonl"),
-        log_every=10, progress_bar=False,
+        actor_lr=2e-3, actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05}, adam_betas=(0.9, 0.9999),
+        max_grad_norm=1.0, clip_ratio=0.2, loss_agg_mode="token-mean", kl_coef=0.1, kl_type="low_var_kl",
+        recompute_old_log_probs=False, max_steps=args.steps, max_time_s=args.max_time, eval_freq=args.eval_every,
+        val_samples=1, stop_at_val_score=args.target, resume="never", trackers=("console", "jsonl"),
+        log_every=args.eval_every, progress_bar=False,
     )
-    trainer = GRPOTrainer(config=config)  # kl_coef=0: no KL term, so no reference model either
+    trainer = GRPOTrainer(config=config)  # the reference model of the KL loss is the warmed-up model
     history = trainer.train()
 
     curve, elapsed = [], 0.0  # (step, seconds of RL steps so far, greedy accuracy), from the metrics log
