@@ -1,0 +1,123 @@
+"""Does the recipe learn on every seed? GRPO (examples/grpo_arith) and PPO (hybridflow quickstart) over seeds.
+
+Each run is its own process (one torch thread), exactly what a user runs:
+
+    grpo: python examples/grpo_arith/train.py --seed S --out DIR [--steps N]
+    ppo:  hybridflow quickstart --seed S --out DIR [--steps N] [--time-budget T] (its own budget by default)
+
+and is read back from its ``metrics.jsonl``. Printed per seed: the greedy accuracy over the
+100 prompts before RL and at the end, the step and the seconds of RL steps (the sum of
+``timing_s/step``, validation excluded) at which 0.5 and 0.9 were first reached, the steps
+run and the wall time of the process; then one summary line per algorithm: how many seeds
+reached 0.5 / 0.9, the median time to 0.9, and the smallest gain.
+
+    python tools/bench_learning.py                      # both algorithms, seeds 0-4
+    python tools/bench_learning.py --algo grpo --seeds 7 # one seed (a CI job can sample one)
+    python tools/bench_learning.py --jobs 2             # two runs at a time (noisier seconds)
+
+Seconds depend on the machine and its load; steps do not. ``--json FILE`` writes every
+curve.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+THRESHOLDS = (0.5, 0.9)
+
+
+def command(algo: str, seed: int, out: Path, steps: int | None, time_budget: float | None) -> list[str]:
+    if algo == "grpo":
+        cmd = [sys.executable, str(ROOT / "examples" / "grpo_arith" / "train.py"), "--seed", str(seed), "--out", str(out)]
+    else:
+        cmd = [sys.executable, "-m", "hybridflow.cli", "quickstart", "--seed", str(seed), "--out", str(out)]
+        cmd += ["--time-budget", str(time_budget)] if time_budget is not None else []
+    return cmd + (["--steps", str(steps)] if steps else [])
+
+
+def curve_of(metrics_file: Path) -> list[tuple[int, float, float]]:
+    """(step, seconds of RL steps so far, greedy accuracy) at every validation, from a metrics.jsonl."""
+    curve, seconds = [], 0.0
+    for line in metrics_file.read_text().splitlines():
+        record = json.loads(line)
+        seconds += record.get("timing_s/step", 0.0)
+        if "val/score/greedy" in record:
+            curve.append((int(record["step"]), round(seconds, 1), float(record["val/score/greedy"])))
+    return curve
+
+
+def first_reached(curve, threshold: float):
+    return next(((step, seconds) for step, seconds, acc in curve if acc >= threshold), None)
+
+
+def run_one(algo: str, seed: int, root: Path, steps: int | None, time_budget: float | None) -> dict:
+    out = root / f"{algo}_seed{seed}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    proc = subprocess.run(command(algo, seed, out, steps, time_budget), cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        return {"algo": algo, "seed": seed, "error": proc.stderr.strip().splitlines()[-1:] or ["(no output)"], "wall_s": wall}
+    curve = curve_of(out / "metrics.jsonl")
+    return {"algo": algo, "seed": seed, "curve": curve, "wall_s": round(wall, 1), "before": curve[0][2],
+            "final": curve[-1][2], "steps": curve[-1][0],
+            "reached": {str(t): first_reached(curve, t) for t in THRESHOLDS}}
+
+
+def _cell(hit) -> str:
+    return f"{hit[0]:>5d} {hit[1]:>6.1f}" if hit else f"{'-':>5} {'-':>6}"
+
+
+def report(results: list[dict]) -> None:
+    print(f"{'algo':5} {'seed':>4} {'before':>6} {'final':>6}   {'@0.5 step':>9} {'s':>4}   {'@0.9 step':>9} {'s':>4}"
+          f"   {'steps':>5} {'wall_s':>6}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['algo']:5} {r['seed']:>4}  FAILED: {r['error'][0]}")
+            continue
+        print(f"{r['algo']:5} {r['seed']:>4} {r['before']:>6.2f} {r['final']:>6.2f}   {_cell(r['reached']['0.5']):>16}"
+              f"   {_cell(r['reached']['0.9']):>16}   {r['steps']:>5} {r['wall_s']:>6.1f}")
+    for algo in dict.fromkeys(r["algo"] for r in results):
+        ok = [r for r in results if r["algo"] == algo and "error" not in r]
+        n = len([r for r in results if r["algo"] == algo])
+        at = {t: [r["reached"][str(t)] for r in ok if r["reached"][str(t)]] for t in THRESHOLDS}
+        median = statistics.median(s for _, s in at[0.9]) if at[0.9] else float("nan")
+        median_steps = statistics.median(st for st, _ in at[0.9]) if at[0.9] else float("nan")
+        gain = min((r["final"] - r["before"] for r in ok), default=float("nan"))
+        print(f"summary {algo}: reached 0.5 on {len(at[0.5])}/{n} seeds, 0.9 on {len(at[0.9])}/{n}; median time to 0.9 "
+              f"{median:.1f} s ({median_steps:.0f} steps); smallest gain {gain:+.2f}; failed runs {n - len(ok)}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algo", choices=("grpo", "ppo", "both"), default="both")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0-4)")
+    parser.add_argument("--steps", type=int, default=None, help="override each recipe's step count")
+    parser.add_argument("--ppo-time-budget", type=float, default=None,
+                        help="the quickstart's --time-budget (default: its own, 140 s; 0: none, run all its steps)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one torch thread)")
+    parser.add_argument("--out", default="runs/bench_learning", help="folder of the runs")
+    parser.add_argument("--json", default=None, help="write every result (with its curve) to this file")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    algos = ("grpo", "ppo") if args.algo == "both" else (args.algo,)
+    jobs = [(algo, seed) for algo in algos for seed in seeds]
+    root = Path(args.out).resolve()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda job: run_one(job[0], job[1], root, args.steps, args.ppo_time_budget), jobs))
+    report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
