@@ -1,7 +1,10 @@
-"""End to end: GRPO learns single-digit addition on this CPU (examples/grpo_arith, shortened).
+"""End to end: GRPO learns single-digit addition on this CPU (examples/grpo_arith, as a user runs it).
 
 The model starts from random weights and a format-only warm-up on wrong answers, so its
-greedy accuracy starts near 0; the test asserts that RL alone raises it by >= 0.5.
+greedy accuracy starts near 0.1; RL alone must raise it to 0.9. The run has a fixed step
+budget (the recipe's 1,000 steps, stopping early at the target), so the outcome does not
+depend on how fast the machine is, and it is checked on two seeds the recipe was not tuned
+on (it was tuned on seeds 0-4 with tools/bench_learning.py).
 """
 from __future__ import annotations
 
@@ -22,11 +25,13 @@ def _load_example():
 
 
 @pytest.mark.e2e
-def test_grpo_raises_greedy_accuracy_by_half(tmp_path):
-    summary = _load_example().main(["--out", str(tmp_path), "--max-time", "240", "--target", "0.7"])
+@pytest.mark.parametrize("seed", [7, 8])
+def test_grpo_reaches_ninety_percent_greedy_accuracy(tmp_path, seed):
+    summary = _load_example().main(["--out", str(tmp_path), "--seed", str(seed), "--target", "0.9"])
     curve = summary["curve"]
-    before, after = curve[0][2], curve[-1][2]
-    assert curve[0][0] == 0  # the first point is the validation before any RL step
-    assert after >= before + 0.5, f"greedy accuracy {before:.2f} -> {after:.2f}: {curve}"
+    (first_step, _, before), (last_step, _, after) = curve[0], curve[-1]
+    assert first_step == 0 and before <= 0.3  # validated before any RL step: the warm-up taught no sums
+    assert after >= 0.9, f"seed {seed}: greedy accuracy {before:.2f} -> {after:.2f} in {last_step} steps: {curve}"
+    assert last_step <= 1000
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert logged[-1]["val/score/greedy"] == after
+    assert logged[-1]["val/score/greedy"] == after and logged[-1]["step"] == last_step

@@ -15,6 +15,14 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every Ray test in one pytest-xdist group: they share one Ray instance (and its CPUs), so one worker runs them."""
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     # Reward functions and helpers of the test kit run inside the workers, which cannot import test modules.
