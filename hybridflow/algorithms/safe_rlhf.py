@@ -68,11 +68,13 @@ def lagrange_update(lagrange_lambda: float, mean_cost: float, *, cost_limit: flo
     ``mean_cost`` is the step's mean episode cost ``J_C`` (one cost per response,
     averaged over the step's responses), ``cost_limit`` the threshold ``d``: lambda
     grows while the constraint ``J_C <= d`` is violated and shrinks (to 0 at most)
-    while it holds. Reference: Dai et al. 2023 (Safe RLHF), sec. 3.3, the update of
-    lambda by gradient ascent on the Lagrangian (``d/d lambda = -(J_C - d)``, so
-    ascent for the dual's min). Their code descends on ``log lambda`` with Adam
-    instead; the plain projected step is kept here because it is exact to check by
-    hand and lets lambda return to exactly 0 once the cost is under the limit.
+    while it holds. This is projected (sub)gradient descent on the dual of the
+    Lagrangian of Dai et al. 2023 (Safe RLHF), sec. 3.3 (its derivative in lambda is
+    ``-(J_C - d)``). The paper's appendix (eq. 31) and its code step ``ln lambda``
+    instead (``ln lambda_{k+1} = ln lambda_k + alpha * lambda_k * J_C``, with the
+    threshold inside ``J_C``; Adam in the code); the projected step on lambda is kept
+    here because it is exact to check by hand and lets lambda reach exactly 0 once
+    the cost stays under the limit (``ln lambda`` never does).
     """
     if lagrange_lambda < 0 or lambda_lr < 0:
         raise ValueError(f"lagrange_lambda and lambda_lr must be >= 0, got {lagrange_lambda} and {lambda_lr}")
