@@ -36,6 +36,17 @@ def test_cost_role_scores_with_cost_fn_and_lambda_follows_the_mean_cost(fast_con
     assert state["algorithm_state"] == {"lagrange_lambda": max(0.0, lambdas[-1] + 0.5 * (last["critic/costs/mean"] - 0.1))}
 
 
+def test_cost_model_name_scores_costs_with_a_model(fast_config, tiny_model_dir):
+    from hybridflow.runtime.engines import RewardModel
+
+    trainer = SafeRLHFTrainer(config=_safe_config(fast_config, cost_model_name=tiny_model_dir, max_steps=1, save_freq=0))
+    with pytest.warns(UserWarning, match="no trained score head"):  # a new score head on the tiny causal LM
+        (metrics,) = trainer.train()
+    assert isinstance(trainer.role_engines("cost").reward, RewardModel)
+    assert trainer.role_engines("reward").reward.compute_score.__name__ == "default_compute_score"  # the rule reward
+    assert metrics["critic/costs/mean"] != metrics["critic/score/mean"]
+
+
 def test_safe_rlhf_without_a_cost_source_names_the_fields(fast_config):
     with pytest.raises(ConfigError, match="cost role \\('cost'\\) but no cost source: set cost_fn .* or cost_model_name"):
         SafeRLHFTrainer(config=fast_config()).train()
