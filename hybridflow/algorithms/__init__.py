@@ -17,9 +17,9 @@ from .rloo import rloo
 from .safe_rlhf import safe_rlhf
 
 __all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "grpo_is", "rloo", "reinforce_pp", "remax", "safe_rlhf",
-           "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer"]
+           "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer"]
 
-_TRAINERS = ("PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer")
+_TRAINERS = ("PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer")
 
 
 def __getattr__(name: str):

@@ -1,7 +1,9 @@
-"""Safe-RLHF: PPO on a reward model and a cost model, combined by a Lagrangian weight.
+"""Safe-RLHF: PPO on a reward and a cost, combined by a Lagrange multiplier that adapts.
 
 Dai et al. 2023, "Safe RLHF: Safe Reinforcement Learning from Human
-Feedback", sec. 3.3: maximise ``J_R(theta) - lambda * (J_C(theta) - d)``.
+Feedback" (arXiv 2310.12773), sec. 3.3: the constrained problem
+``max J_R(theta) s.t. J_C(theta) <= d`` is solved through its Lagrangian
+``min_{lambda >= 0} max_theta J_R(theta) - lambda * (J_C(theta) - d)``.
 A reward critic and a cost critic give GAE advantages ``A_r`` and ``A_c``;
 the actor is trained on
 
@@ -10,12 +12,16 @@ the actor is trained on
 (the ``1 + lambda`` keeps the advantage scale independent of lambda). The
 KL to the reference is folded into the reward side only.
 
-The multiplier is a runtime quantity: ``lagrange_lambda`` is its initial
-value; after each iteration the trainer sets
-``lambda <- max(0, lambda + lambda_lr * (mean episode cost - cost_limit))``
-and passes it as the ``lagrange_lambda`` attribute of the
-``safe_rlhf_advantage`` node. ``cost_limit`` and ``lambda_lr`` are graph
-attributes for that purpose; the graph itself does not change.
+The cost comes from the ``cost`` role, configured apart from the reward
+(``cost_fn``, a compute_score-style rule returning a cost, or
+``cost_model_name``). The multiplier is run state (:data:`LAGRANGE_MULTIPLIER`,
+see :mod:`hybridflow.graph.state`): ``lagrange_lambda`` is its initial value;
+after each step the trainer sets it with :func:`lagrange_update` from the
+step's mean episode cost (metric ``critic/costs/mean``), feeds it to the
+``safe_rlhf_advantage`` node of the next step, logs the value each step ran
+with as ``safe/lagrange_lambda``, and checkpoints it. ``cost_limit`` and
+``lambda_lr`` are graph attributes for that purpose; the graph itself does
+not change.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ import torch
 
 import hybridflow as hf
 from hybridflow_ops import register_op
+
+from ..graph import StateRule
 
 
 class SafeAdvantage(NamedTuple):
@@ -54,10 +62,35 @@ def safe_rlhf_advantage(advantages: torch.Tensor, cost_advantages: torch.Tensor,
     return SafeAdvantage(torch.where(response_mask.to(torch.bool), combined, torch.zeros_like(combined)))
 
 
-@hf.algorithm
-def safe_rlhf(prompts, actor, critic, cost_critic, ref, reward, cost, *, kl_coef=0.001, kl_type="k1", gamma=1.0, lam=0.95,
-              clip_ratio=0.2, value_clip=0.2, lagrange_lambda=1.0, cost_limit=0.0, lambda_lr=0.01):
-    rollout = actor.generate(prompts)
+def lagrange_update(lagrange_lambda: float, mean_cost: float, *, cost_limit: float, lambda_lr: float) -> float:
+    """One projected gradient-ascent step on the dual: ``max(0, lambda + lambda_lr * (mean_cost - cost_limit))``.
+
+    ``mean_cost`` is the step's mean episode cost ``J_C`` (one cost per response,
+    averaged over the step's responses), ``cost_limit`` the threshold ``d``: lambda
+    grows while the constraint ``J_C <= d`` is violated and shrinks (to 0 at most)
+    while it holds. This is projected (sub)gradient descent on the dual of the
+    Lagrangian of Dai et al. 2023 (Safe RLHF), sec. 3.3 (its derivative in lambda is
+    ``-(J_C - d)``). The paper's appendix (eq. 31) and its code step ``ln lambda``
+    instead (``ln lambda_{k+1} = ln lambda_k + alpha * lambda_k * J_C``, with the
+    threshold inside ``J_C``; Adam in the code); the projected step on lambda is kept
+    here because it is exact to check by hand and lets lambda reach exactly 0 once
+    the cost stays under the limit (``ln lambda`` never does).
+    """
+    if lagrange_lambda < 0 or lambda_lr < 0:
+        raise ValueError(f"lagrange_lambda and lambda_lr must be >= 0, got {lagrange_lambda} and {lambda_lr}")
+    return max(0.0, lagrange_lambda + lambda_lr * (mean_cost - cost_limit))
+
+
+LAGRANGE_MULTIPLIER = StateRule(
+    name="lagrange_lambda", observes="critic/costs/mean", update=lagrange_update, hyper=("cost_limit", "lambda_lr"),
+    feeds=(("safe_rlhf_advantage", "lagrange_lambda"),), metric="safe/lagrange_lambda")
+"""Safe-RLHF's run state: lambda, updated from the mean episode cost after each step."""
+
+
+@hf.algorithm(state=(LAGRANGE_MULTIPLIER,))
+def safe_rlhf(prompts, actor, critic, cost_critic, ref, reward, cost, *, n=1, kl_coef=0.001, kl_type="k1", gamma=1.0,
+              lam=0.95, clip_ratio=0.2, value_clip=0.2, lagrange_lambda=1.0, cost_limit=0.0, lambda_lr=0.01):
+    rollout = actor.generate(prompts, n=n)
     old_logp, ref_logp = actor.logprob(rollout), ref.logprob(rollout)
     values, cost_values = critic.values(rollout), cost_critic.values(rollout)
     scores, costs = reward.score(rollout), cost.score(rollout)

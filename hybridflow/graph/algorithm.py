@@ -17,6 +17,10 @@ in Python, because graph variants are different graphs.
 
 Roles the traced function never uses are left out of the graph, so a variant
 that does not need a reference model does not ask for one.
+
+``@hf.algorithm(state=(rule, ...))`` declares run state that the trainer updates
+after each step and feeds to compute nodes (:mod:`.state`), e.g. Safe-RLHF's
+Lagrange multiplier.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from ..errors import TraceError
 from .attrs import is_scalar, make_params
 from .ir import TRAINABLE_KINDS, Graph, GraphInput, Role
 from .schema import PROMPTS, Schema
+from .state import StateRule
 from .trace import RoleHandle, Tracer
 from .validate import validate
 
@@ -52,7 +57,8 @@ def _role(name: str, kind: "str | Role") -> Role:
 class Algorithm:
     """A traceable algorithm; :meth:`build` makes its :class:`Graph`."""
 
-    def __init__(self, fn: Callable, name: str | None = None, roles: Mapping[str, "str | Role"] | None = None):
+    def __init__(self, fn: Callable, name: str | None = None, roles: Mapping[str, "str | Role"] | None = None,
+                 state: tuple[StateRule, ...] = ()):
         self.fn, self.name = fn, name or fn.__name__
         functools.update_wrapper(self, fn)
         declared = dict(roles or {})
@@ -64,6 +70,12 @@ class Algorithm:
         unknown = sorted(set(declared) - set(self.roles))
         if unknown:
             raise TraceError(f"algorithm {self.name!r}: roles={unknown} are declared but are not parameters of the function")
+        self.state = tuple(state)
+        for rule in self.state:
+            missing = [a for a in (rule.name, *rule.hyper) if a not in self.defaults]
+            if missing:
+                raise TraceError(f"algorithm {self.name!r}: state {rule.name!r} reads attribute(s) {missing}, which are "
+                                 "not keyword-only parameters of the function")
 
     def _add_parameter(self, param: inspect.Parameter, declared: dict) -> None:
         where = f"algorithm {self.name!r}, parameter {param.name!r}"
@@ -117,8 +129,9 @@ class Algorithm:
         return f"<algorithm {self.name}({', '.join(p.name for p in self._positional())}; {', '.join(f'{k}={v!r}' for k, v in self.defaults.items())})>"
 
 
-def algorithm(fn: Callable | None = None, *, name: str | None = None, roles: Mapping[str, "str | Role"] | None = None):
-    """Decorator: ``@algorithm`` or ``@algorithm(name=..., roles={"judge": "reward"})``."""
+def algorithm(fn: Callable | None = None, *, name: str | None = None, roles: Mapping[str, "str | Role"] | None = None,
+              state: tuple[StateRule, ...] = ()):
+    """Decorator: ``@algorithm`` or ``@algorithm(name=..., roles={"judge": "reward"}, state=(rule,))``."""
     if fn is None:
-        return lambda f: Algorithm(f, name=name, roles=roles)
-    return Algorithm(fn, name=name, roles=roles)
+        return lambda f: Algorithm(f, name=name, roles=roles, state=state)
+    return Algorithm(fn, name=name, roles=roles, state=state)

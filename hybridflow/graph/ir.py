@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from ..errors import GraphError
 from .attrs import ATTRS_BY_KIND, NodeAttrs, Params, make_params
@@ -189,6 +189,35 @@ class Graph:
     def with_attrs(self, **attrs: object) -> "Graph":
         """A copy with graph attributes set (this does not re-trace; see ``Algorithm.build``)."""
         return replace(self, attrs=tuple({**dict(self.attrs), **attrs}.items()))  # type: ignore[arg-type]
+
+    def with_params(self, params: Mapping[str, Mapping[str, object]]) -> "Graph":
+        """A copy whose compute nodes take new values for parameters they already have.
+
+        ``params`` is node name -> {parameter: value}, e.g. ``{"safe_rlhf_advantage": {"lagrange_lambda": 0.3}}``:
+        the per-iteration values executors accept (``run_iteration(..., params=...)``) for run state
+        such as a Lagrange multiplier (see :mod:`hybridflow.graph.state`). The structure never changes:
+        GraphError for an unknown node, a node that is not a compute node, or a parameter it lacks.
+        """
+        if not params:
+            return self
+        nodes = []
+        for node in self.nodes:
+            if node.name not in params:
+                nodes.append(node)
+                continue
+            if node.kind != "compute":
+                raise GraphError(f"node {node.name!r} is a {node.kind} node; only compute nodes take parameters per iteration")
+            current = dict(node.attrs.params)
+            unknown = sorted(set(params[node.name]) - set(current))
+            if unknown:
+                raise GraphError(f"node {node.name!r} has no parameter {', '.join(unknown)}; it has "
+                                 f"{', '.join(current) or 'none'}")
+            attrs = replace(node.attrs, params=make_params({**current, **params[node.name]}, f"node {node.name!r}"))
+            nodes.append(replace(node, attrs=attrs))
+        missing = sorted(set(params) - {n.name for n in self.nodes})
+        if missing:
+            raise GraphError(f"graph {self.name!r} has no node {', '.join(missing)} to set parameters of")
+        return replace(self, nodes=tuple(nodes))
 
     # -- views and forms ---------------------------------------------------------
     def to_networkx(self) -> "networkx.DiGraph":

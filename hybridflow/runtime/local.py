@@ -39,7 +39,9 @@ class LocalExecutor:
 
     def __init__(self, plan: ExecutionPlan, specs: Mapping[str, RoleSpec], *, recorder: SpanRecorder | None = None):
         self.plan = plan
-        self.graph = plan.graph_ir()
+        self.plan_graph = plan.graph_ir()
+        self.graph = self.plan_graph
+        """The graph the current (or last) iteration runs: the plan's, with that call's ``params``."""
         missing = [r.name for r in self.graph.roles if r.name not in specs]
         if missing:
             raise ExecutionError(f"no RoleSpec for role(s) {missing}; give one per role of graph {self.graph.name!r}")
@@ -64,8 +66,14 @@ class LocalExecutor:
         """The spans of the run's trace: one per op (the RayExecutor adds one per op and worker)."""
         return list(self.recorder.spans)
 
-    def run_iteration(self, inputs: Mapping[str, Batch]) -> IterationResult:
-        """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``)."""
+    def run_iteration(self, inputs: Mapping[str, Batch], *, params: Mapping[str, Mapping[str, object]] | None = None
+                      ) -> IterationResult:
+        """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
+
+        ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for this
+        iteration only (run state such as a Lagrange multiplier; see :meth:`Graph.with_params`).
+        """
+        self.graph = self.plan_graph.with_params(params or {})
         expected = {i.name for i in self.graph.inputs}
         if set(inputs) != expected:
             raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")

@@ -12,13 +12,14 @@ from typing import Any
 
 _EXPORTS = {
     "config": ("PPOConfig",),
-    "trainer": ("Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer"),
+    "trainer": ("Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer",
+                "SafeRLHFTrainer"),
     "rollout_manager": ("RolloutManager",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = ["PPOConfig", "Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer",
-           "RolloutManager"]
+           "SafeRLHFTrainer", "RolloutManager"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,8 @@ Layout of one checkpoint (``<output_dir>/checkpoints/step_00000003/``)::
     hf/<role>/            the policy's transformers config, generation config and tokenizer (no weights),
                           so that `hybridflow export` can rebuild a model folder
     trainer_state.json    step, RNG states, data position, config and its hash, optimizer param groups,
-                          LR schedules, and a manifest (size and sha256 of every other file)
+                          LR schedules, the algorithm's run state (``algorithm_state``, e.g. a Lagrange
+                          multiplier), and a manifest (size and sha256 of every other file)
 
 A checkpoint is written into ``.tmp-step_...`` next to the others and renamed into place when
 complete, so a crash mid-write leaves no folder that looks finished; only the newest

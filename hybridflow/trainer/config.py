@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import ConfigError
 
-__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error", "config_hash"]
+__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error",
+           "config_hash"]
 
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """Tracker names the ``trackers`` field accepts."""
@@ -103,6 +104,12 @@ class PPOConfig(BaseModel):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field("token-mean", description="How per-token losses become one number.")
     recompute_old_log_probs: bool = Field(True, description="GRPO: recompute PPO's old log-probs with the train engine (True) or take the rollout engine's (False: one forward less per step; exact on-policy with the transformers rollout engine).")
     norm_by_std: bool = Field(True, description="GRPO: divide group advantages by the group std (False: Dr.GRPO).")
+    # -- cost constraint (Safe-RLHF) --------------------------------------------
+    cost_fn: str | None = Field(None, description="Safe-RLHF: rule cost `module:function` with the signature compute_score(data_source, solution_str, ground_truth, extra_info=None), returning the response's cost (higher: less safe). A run with a cost role needs this or cost_model_name.")
+    cost_model_name: str | None = Field(None, description="Safe-RLHF: sequence-classification cost model (path or hub name); its score is the cost. None: the rule cost `cost_fn`.")
+    cost_limit: float = Field(0.0, description="Safe-RLHF: the constraint's threshold d on the mean episode cost (mean over a step's responses).")
+    lagrange_lambda: float = Field(1.0, ge=0.0, description="Safe-RLHF: initial Lagrange multiplier lambda (the weight of the cost advantage).")
+    lambda_lr: float = Field(0.01, ge=0.0, description="Safe-RLHF: step size of the multiplier, lambda <- max(0, lambda + lambda_lr * (mean cost - cost_limit)) after each step.")
     # -- sampling -------------------------------------------------------------
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold (1: off).")
@@ -180,8 +187,12 @@ GRAPH_ATTRS: dict[str, str] = {
     "kl_type": "kl_type", "entropy_coef": "entropy_coef", "gamma": "gamma", "lam": "lam",
     "loss_agg_mode": "loss_agg_mode", "norm_by_std": "norm_by_std",
     "recompute_old_log_probs": "recompute_old_log_probs",
+    "cost_limit": "cost_limit", "lagrange_lambda": "lagrange_lambda", "lambda_lr": "lambda_lr",
 }
 """Config field -> graph attribute it sets, for the algorithms that have that attribute."""
+
+ROLE_SOURCE_FIELDS: dict[str, str] = {"cost_fn": "cost", "cost_model_name": "cost"}
+"""Config field -> the role kind it gives a source to; ignored (with a warning) by algorithms without that role."""
 
 
 RUN_CONTROL_FIELDS = frozenset({

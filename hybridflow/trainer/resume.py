@@ -57,6 +57,7 @@ def save_run(trainer: "Trainer") -> Path:
     trained = trained_engines(trainer)
     state = {"algorithm": trainer.algorithm, "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg),
              "loader": trainer.loader.state_dict(), "nan_streak": trainer._nan_streak,
+             "algorithm_state": trainer.algorithm_state.state_dict(),
              **capture_json(trained, rollout_engines(trainer))}
     path = save_checkpoint(trainer.output_dir / CHECKPOINTS, trainer.step, capture_tensors(trained), state,
                            keep=cfg.keep_checkpoints, write_extra=_write_hf_files(trainer))
@@ -119,5 +120,6 @@ def _load(trainer: "Trainer", found: LoadedCheckpoint) -> None:
     trainer.loader.load_state_dict(found.state["loader"])
     trainer.step = found.step
     trainer._nan_streak = int(found.state.get("nan_streak", 0))
+    trainer.algorithm_state.load_state_dict(found.state.get("algorithm_state", {}))
     trainer.resumed_from = found.path
     log.warning("resumed from %s (step %d of %d)", found.path, found.step, trainer.config.max_steps)

@@ -3,8 +3,9 @@
 Tensors: each trained role's model weights and optimizer state. JSON: the step, the
 optimizer param groups and LR schedule of each trained role, its mini-batch shuffle
 generator, the sampling generators of every rollout engine (one per seed), the global
-torch / numpy / python RNGs, the prompt loader's position, the NaN-streak counter, and
-the config with its hash. Byte states (generators) are base64 strings.
+torch / numpy / python RNGs, the prompt loader's position, the NaN-streak counter, the
+algorithm's run state (e.g. Safe-RLHF's Lagrange multiplier; see
+:mod:`.algorithm_state`), and the config with its hash. Byte states (generators) are base64 strings.
 """
 from __future__ import annotations
 

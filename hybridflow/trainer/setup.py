@@ -6,10 +6,10 @@ from pathlib import Path
 
 from ..errors import ConfigError, DataError
 from ..graph import Graph
-from .config import GRAPH_ATTRS, PPOConfig
+from .config import GRAPH_ATTRS, ROLE_SOURCE_FIELDS, PPOConfig
 
 __all__ = ["actor_source", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
-           "ignored_fields", "BUILTIN_RESPONSE_LENGTH"]
+           "ignored_fields", "ignored_role_fields", "BUILTIN_RESPONSE_LENGTH"]
 
 log = logging.getLogger("hybridflow.trainer")
 
@@ -111,3 +111,8 @@ def _divisor_near(total: int, wanted: int) -> int:
 def ignored_fields(config: PPOConfig, defaults: dict) -> list[str]:
     """Graph-attribute fields the user set that this algorithm's graph does not have."""
     return [f for f, attr in GRAPH_ATTRS.items() if f in config.model_fields_set and attr not in defaults]
+
+
+def ignored_role_fields(config: PPOConfig, role_kinds: set[str]) -> dict[str, str]:
+    """Role-source fields the user set (field -> role kind) for a kind of role the algorithm does not have."""
+    return {f: kind for f, kind in ROLE_SOURCE_FIELDS.items() if f in config.model_fields_set and kind not in role_kinds}

@@ -23,11 +23,13 @@ from ..errors import ConfigError, WorkerLostError
 from ..graph import Graph
 from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
+from .algorithm_state import AlgorithmState
 from .config import GRAPH_ATTRS, PPOConfig
 from .metrics import Tracker, nan_streak, timing_metrics
 from .progress import StepProgress
 
-__all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "VAL_SEED_OFFSET"]
+__all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer",
+           "VAL_SEED_OFFSET"]
 
 log = logging.getLogger("hybridflow.trainer")
 
@@ -35,15 +37,15 @@ VAL_SEED_OFFSET = 1_000_003
 """Validation samples with seed ``config.seed + VAL_SEED_OFFSET``, so validating never moves training's generator."""
 
 
-def load_function(path: str) -> Callable:
-    """``"package.module:function"`` -> the function; ConfigError naming the path otherwise."""
+def load_function(path: str, field: str = "reward_fn") -> Callable:
+    """``"package.module:function"`` -> the function; ConfigError naming ``field`` and the path otherwise."""
     module_name, _, attr = path.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), attr or "compute_score")
     except (ImportError, AttributeError) as err:
-        raise ConfigError(f"reward_fn {path!r} cannot be loaded ({err}); write it as 'package.module:function'") from None
+        raise ConfigError(f"{field} {path!r} cannot be loaded ({err}); write it as 'package.module:function'") from None
     if not callable(fn):
-        raise ConfigError(f"reward_fn {path!r} is not callable")
+        raise ConfigError(f"{field} {path!r} is not callable")
     return fn
 
 
@@ -58,6 +60,7 @@ class Trainer:
         get_algorithm(self.algorithm)  # an unknown name fails here, not at train()
         self.output_dir = Path(self.config.output_dir)
         self._reward_source: Any = None
+        self.algorithm_state: AlgorithmState | None = None
         self._trackers = trackers
         self.executor = None
         self.progress: StepProgress | None = None
@@ -86,7 +89,7 @@ class Trainer:
 
     def build_graph(self) -> Graph:
         """The algorithm's graph with the config's values for the attributes it has."""
-        from .setup import ignored_fields
+        from .setup import ignored_fields, ignored_role_fields
 
         algorithm = get_algorithm(self.algorithm)
         attrs = {attr: getattr(self.config, field) for field, attr in GRAPH_ATTRS.items()
@@ -98,6 +101,8 @@ class Trainer:
         ignored = ignored_fields(self.config, algorithm.defaults)
         if ignored:
             log.warning("%s has no attribute for %s; these config fields are ignored", self.algorithm, ", ".join(ignored))
+        for field, kind in ignored_role_fields(self.config, {r.kind for r in algorithm.roles.values()}).items():
+            log.warning("%s has no %s role; the config field %s is ignored", self.algorithm, kind, field)
         return algorithm.build(**attrs)
 
     def _device_map(self, graph: Graph) -> dict[str, str]:
@@ -131,6 +136,7 @@ class Trainer:
             self.executor = RayExecutor(self.plan, self.role_specs(), recorder=recorder, seed=cfg.seed)
         else:
             self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)
+        self.algorithm_state = AlgorithmState(get_algorithm(self.algorithm).state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
         self._resume()
         if self._trackers is None:
@@ -157,6 +163,8 @@ class Trainer:
                                                                     **cfg.critic_lr_schedule.engine_settings(cfg.max_steps)))
             elif role.kind == "reference":
                 specs[role.name] = RoleSpec(model=cfg.ref_model_name or self.actor_path, sampling=sampling)
+            elif role.kind == "cost":
+                specs[role.name] = self._cost_spec(role.name)
             else:
                 specs[role.name] = self._reward_spec()
         return specs
@@ -168,6 +176,18 @@ class Trainer:
         if cfg.reward_model_name:
             return RoleSpec(model=cfg.reward_model_name)
         return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=self.tokenizer, unfinished_score=cfg.unfinished_score)
+
+    def _cost_spec(self, role: str) -> RoleSpec:
+        """A cost role scores with ``cost_model_name`` or the rule ``cost_fn`` (never the reward); ConfigError without one."""
+        cfg = self.config
+        if cfg.cost_model_name:
+            return RoleSpec(model=cfg.cost_model_name)
+        if cfg.cost_fn:
+            # unfinished_score=None: a truncated response gets its cost like any other, not a free 0
+            return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=self.tokenizer, unfinished_score=None)
+        raise ConfigError(f"{self.algorithm} has a cost role ({role!r}) but no cost source: set cost_fn "
+                          "('package.module:function' returning a cost, e.g. "
+                          "'hybridflow_ops.rewards.arithmetic:long_answer_cost') or cost_model_name")
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
@@ -236,7 +256,7 @@ class Trainer:
         prompts = make_prompt_batch(rows, self.tokenizer, max_prompt_length=self.config.max_prompt_length,
                                     apply_chat_template=self.config.apply_chat_template)
         start, first_span = time.perf_counter(), len(self.executor.recorder.spans)
-        result = self.executor.run_iteration({"prompts": prompts})
+        result = self.executor.run_iteration({"prompts": prompts}, params=self.algorithm_state.node_params())
         elapsed = time.perf_counter() - start
         role_kinds = {r.name: r.kind for r in self.graph.roles}
         ops = {n.name: n.op for n in self.graph.nodes}
@@ -246,6 +266,7 @@ class Trainer:
                      if n != "prompts" and "response_mask" in b.tensors.keys())
         metrics["timing_s/step"] = elapsed
         metrics["perf/throughput"] = tokens / max(elapsed, 1e-9)
+        metrics.update(self.algorithm_state.advance(metrics))
         return metrics
 
     # -- engines -------------------------------------------------------------------------------
@@ -330,3 +351,9 @@ class ReMaxTrainer(Trainer):
     """ReMax (Li et al. 2023): the greedy response's reward as the baseline."""
 
     algorithm = "remax"
+
+
+class SafeRLHFTrainer(Trainer):
+    """Safe-RLHF (Dai et al. 2023): PPO on reward minus lambda times cost, lambda adapted to keep the cost under cost_limit."""
+
+    algorithm = "safe_rlhf"

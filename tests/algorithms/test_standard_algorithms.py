@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridflow.algorithms import ALGORITHMS, get_algorithm
-from hybridflow.algorithms.safe_rlhf import safe_rlhf_advantage
+from hybridflow.algorithms.safe_rlhf import lagrange_update, safe_rlhf_advantage
 from hybridflow.errors import GraphError
 from hybridflow.graph import Graph, validate
 from hybridflow.viz.graph import graph_to_dot
@@ -125,6 +125,32 @@ def test_safe_rlhf_advantage_by_hand():
     assert torch.equal(safe_rlhf_advantage(reward_adv, cost_adv, mask, lagrange_lambda=0.0).advantages, reward_adv * mask)
     with pytest.raises(ValueError):
         safe_rlhf_advantage(reward_adv, cost_adv, mask, lagrange_lambda=-1.0)
+
+
+def test_lagrange_update_by_hand():
+    # lambda <- max(0, lambda + lr * (mean cost - limit)).
+    # Violated: 0.5 + 0.1 * (0.8 - 0.3) = 0.55.  Satisfied: 0.5 + 0.1 * (0.1 - 0.3) = 0.48.
+    assert lagrange_update(0.5, 0.8, cost_limit=0.3, lambda_lr=0.1) == pytest.approx(0.55)
+    assert lagrange_update(0.5, 0.1, cost_limit=0.3, lambda_lr=0.1) == pytest.approx(0.48)
+    # Projected onto lambda >= 0: 0.01 + 0.1 * (0.0 - 0.3) = -0.02 -> 0.  At the limit it stays put.
+    assert lagrange_update(0.01, 0.0, cost_limit=0.3, lambda_lr=0.1) == 0.0
+    assert lagrange_update(0.7, 0.3, cost_limit=0.3, lambda_lr=0.1) == 0.7
+    assert lagrange_update(0.0, 5.0, cost_limit=0.3, lambda_lr=0.0) == 0.0  # lr 0: a fixed lambda
+    with pytest.raises(ValueError, match=">= 0"):
+        lagrange_update(-0.1, 0.5, cost_limit=0.3, lambda_lr=0.1)
+
+
+def test_safe_rlhf_declares_its_multiplier_as_run_state():
+    from hybridflow.graph.state import advance, initial_state, node_params
+
+    algorithm = ALGORITHMS["safe_rlhf"]
+    graph = algorithm.build(lagrange_lambda=0.5, cost_limit=0.3, lambda_lr=0.1)
+    assert [rule.name for rule in algorithm.state] == ["lagrange_lambda"]
+    state = initial_state(algorithm.state, graph)
+    assert node_params(algorithm.state, graph, state) == {"safe_rlhf_advantage": {"lagrange_lambda": 0.5}}
+    # the step's mean episode cost is the cost score node's metric
+    assert advance(algorithm.state, graph, state, {"critic/costs/mean": 0.8}) == {"lagrange_lambda": pytest.approx(0.55)}
+    assert all(not rules.state for name, rules in ALGORITHMS.items() if name != "safe_rlhf")
 
 
 def test_unknown_algorithm_lists_the_known_ones():

@@ -44,6 +44,15 @@ def test_arithmetic_property_right_sum_scores_one_and_off_by_one_scores_zero(a, 
     assert arithmetic.compute_score("arithmetic", f"{a + b + 1}", a + b) == 0.0
 
 
+@pytest.mark.parametrize("response, expected", [
+    ("7", 0.0), (" 7\n", 0.0), ("", 0.0), ("12", 1.0), ("18", 1.0), ("123", 1.0), ("7 ", 0.0), ("-1", 1.0),
+])
+def test_long_answer_cost_is_one_for_more_than_one_character(response, expected):
+    # a cost, not a reward: the ground truth does not matter (a correct "12" costs 1, a wrong "3" costs 0)
+    assert arithmetic.long_answer_cost("arithmetic", response, "12") == expected
+    assert arithmetic.long_answer_cost("arithmetic", response, "3") == expected
+
+
 # ---------------------------------------------------------------- gsm8k
 
 @pytest.mark.parametrize("response, truth, expected", [

@@ -80,6 +80,28 @@ def test_compute_nodes_equal_the_op_called_directly():
     assert torch.equal(result.env["grpo_advantage"]["advantages"], direct.advantages)
 
 
+def test_params_set_a_compute_node_for_one_iteration():
+    # Safe-RLHF's multiplier as run state: lambda = 3 for one call, the plan's 0.5 again for the next.
+    from hybridflow.errors import GraphError
+
+    graph = ALGORITHMS["safe_rlhf"].build(lagrange_lambda=0.5)
+    costs = lambda data_source, solution_str, ground_truth, extra_info=None: float(len(solution_str.strip()) > 1)
+    executor = LocalExecutor(plan_local(graph), _specs(graph, reward=costs))
+
+    def combined(result, lagrange_lambda):
+        env = result.env
+        mask = env["actor.generate"]["response_mask"]
+        expected = (env["gae"]["advantages"] - lagrange_lambda * env["gae_2"]["advantages"]) / (1 + lagrange_lambda)
+        return torch.allclose(env["safe_rlhf_advantage"]["advantages"], expected * mask)
+
+    result = executor.run_iteration({"prompts": _prompts()}, params={"safe_rlhf_advantage": {"lagrange_lambda": 3.0}})
+    assert combined(result, 3.0) and not combined(result, 0.5)
+    assert dict(executor.graph.node("safe_rlhf_advantage").attrs.params) == {"lagrange_lambda": 3.0}
+    assert combined(executor.run_iteration({"prompts": _prompts()}), 0.5)
+    with pytest.raises(GraphError, match="has no parameter gamma"):
+        executor.run_iteration({"prompts": _prompts()}, params={"safe_rlhf_advantage": {"gamma": 0.9}})
+
+
 def test_weight_sync_refreshes_a_separate_rollout_copy():
     graph = ALGORITHMS["grpo"].build(n=2, kl_loss=False)
     executor = LocalExecutor(plan_local(graph), _specs(graph, share=False, lr=0.05))

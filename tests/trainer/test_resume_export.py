@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridflow.errors import CheckpointError
-from hybridflow.trainer import PPOTrainer, Trainer
+from hybridflow.trainer import PPOTrainer, SafeRLHFTrainer, Trainer
 from hybridflow.trainer.metrics import JsonlTracker
 
 
@@ -49,6 +49,21 @@ def test_resume_after_step_3_reproduces_steps_4_to_6(fast_config, tmp_path):
     # the resumed metrics file has each step once, as the uninterrupted one
     steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_safe_rlhf_resume_continues_the_lagrange_multiplier(fast_config, tmp_path):
+    # lambda moves every step (cost limit 0.1, lr 0.5); after a kill in step 4 the resumed run must
+    # start step 4 from the lambda of step 3's checkpoint, not from the configured initial value
+    safe = dict(cost_fn="hybridflow_ops.rewards.arithmetic:long_answer_cost", cost_limit=0.1, lagrange_lambda=0.2,
+                lambda_lr=0.5)
+    full = SafeRLHFTrainer(config=_run_config(fast_config, tmp_path / "full", **safe)).train()
+    with pytest.raises(KeyboardInterrupt):
+        SafeRLHFTrainer(config=_run_config(fast_config, tmp_path / "cut", **safe), trackers=[StopAt(4)]).train()
+    resumed = SafeRLHFTrainer(config=_run_config(fast_config, tmp_path / "cut", **safe)).train()
+    assert len(full) == 6 and len(resumed) == 3
+    for step, (a, b) in enumerate(zip(full[3:], resumed), start=4):
+        assert _learned(a) == _learned(b), f"step {step} differs"
+    assert resumed[0]["safe/lagrange_lambda"] != 0.2 and len({m["safe/lagrange_lambda"] for m in full}) == 6
 
 
 def test_resume_refuses_another_algorithm(fast_config, tmp_path):

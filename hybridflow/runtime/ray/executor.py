@@ -85,7 +85,9 @@ class RayExecutor:
                  pin_cpus: Mapping[str, tuple[int, ...]] | None = None, poll_s: float = 1.0,
                  setup_timeout_s: float = 600.0, request_timeout_s: float = 600.0):
         self.plan = plan
-        self.graph = plan.graph_ir()
+        self.plan_graph = plan.graph_ir()
+        self.graph = self.plan_graph
+        """The graph the current (or last) call runs: the plan's, with that call's ``params``."""
         missing = [r.name for r in self.graph.roles if r.name not in specs]
         if missing:
             raise ExecutionError(f"no RoleSpec for role(s) {missing}; give one per role of graph {self.graph.name!r}")
@@ -204,14 +206,19 @@ class RayExecutor:
         return {pool.name: RemoteWorker(self, pool.name) for pool in self.plan.pools}
 
     # -- one iteration -----------------------------------------------------------------------------
-    def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None) -> IterationResult:
+    def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None,
+                      params: Mapping[str, Mapping[str, object]] | None = None) -> IterationResult:
         """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
+
+        ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for the ops
+        this call runs (they run here, on the controller; see :meth:`Graph.with_params`).
 
         With a plan of ``staleness`` 1, ``next_inputs`` are the next step's inputs: their generation
         (the ops with ``iteration_offset`` 1) starts now, with the weights before this step's update,
         runs while this step trains, and is what the next call trains on (see :mod:`.overlap`).
         """
         self._check_inputs(inputs)
+        self.graph = self.plan_graph.with_params(params or {})
         if self.plan.staleness == 0:
             stream = Stream(list(self.plan.ops), IterationState(env=dict(inputs)), self.iteration)
             self._drive([stream], stream)

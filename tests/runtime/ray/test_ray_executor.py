@@ -84,8 +84,12 @@ def test_ops_on_disjoint_pools_run_at_the_same_time(ray_cluster):
     specs["reward"] = type(specs["reward"])(reward=meeting_score(meeting, "reward"), tokenizer=specs["reward"].tokenizer)
     specs["cost"] = type(specs["cost"])(reward=meeting_score(meeting, "cost", score=0.0), tokenizer=specs["cost"].tokenizer)
     with RayExecutor(plan, specs) as executor:
-        result = executor.run_iteration({"prompts": prompts(0)})
+        # run state reaches the controller's compute nodes: lambda = 3 for this call (the graph says 1)
+        result = executor.run_iteration({"prompts": prompts(0)}, params={"safe_rlhf_advantage": {"lagrange_lambda": 3.0}})
         assert result.metrics["critic/score/mean"] == 1.0
         spans = {s.op: s for s in executor.recorder.spans}
         reward, cost = spans["reward.score"], spans["cost.score"]
         assert reward.start < cost.end and cost.start < reward.end  # the two spans overlap
+        env = result.env
+        expected = (env["gae"]["advantages"] - 3.0 * env["gae_2"]["advantages"]) / 4.0
+        assert torch.allclose(env["safe_rlhf_advantage"]["advantages"], expected * env["actor.generate"]["response_mask"])
