@@ -1,8 +1,8 @@
 """Reduce a per-token loss matrix to the scalar that is back-propagated.
 
-Four modes, each a sum of per-token (or per-sequence) terms divided by a count
+Five modes, each a sum of per-token (or per-sequence) terms divided by a count
 that the caller may take from the *whole* batch (``global_tokens``,
-``global_seqs``). With global counts, the losses of the micro-batches of a
+``global_seqs``), or by nothing (``token-sum``). With global counts, the losses of the micro-batches of a
 split batch add up to the loss of the unsplit batch, so gradient accumulation
 gives the same update whatever the split (verl's "global token" normalisation).
 
@@ -13,11 +13,18 @@ token-mean                ``sum_{i,t} l m / global_tokens``
 seq-mean-token-sum        ``sum_i (sum_t l m) / global_seqs``
 seq-mean-token-mean       ``sum_i (sum_t l m / sum_t m) / global_seqs``
 seq-mean-token-sum-norm   ``sum_{i,t} l m / (global_seqs * norm_length)`` (Dr.GRPO)
+token-sum                 ``sum_{i,t} l m``
 ========================  ===========================================================
 
 ``seq-mean-token-sum-norm`` is the constant normaliser of Dr.GRPO (Liu et al.
 2025, "Understanding R1-Zero-Like Training", Sec. 3.1), which removes the
 response-length bias of per-sequence token means.
+
+``token-sum`` divides by nothing: the loss is the plain Monte-Carlo sum of the
+per-token terms, as in the REINFORCE estimator written over a batch
+(Williams 1992, eq. 11, summed rather than averaged). Its scale grows with the
+batch and the response lengths, so the learning rate must absorb both; it needs
+no global count (the micro-batch sums add up to the batch sum by construction).
 """
 from __future__ import annotations
 
@@ -76,11 +83,16 @@ def _seq_mean_token_sum_norm(sums, mask, global_tokens, global_seqs, norm_length
     return sums.sum() / (_denominator(global_seqs, count_seqs(mask), "global_seqs", loss) * length)
 
 
+def _token_sum(sums, mask, global_tokens, global_seqs, norm_length, loss):
+    return sums.sum()
+
+
 LOSS_AGG_MODES: dict[str, Callable[..., torch.Tensor]] = {
     "token-mean": _token_mean,
     "seq-mean-token-sum": _seq_mean_token_sum,
     "seq-mean-token-mean": _seq_mean_token_mean,
     "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+    "token-sum": _token_sum,
 }
 
 

@@ -19,15 +19,18 @@ def test_aggregate_modes_hand_worked():
     # seq-mean-token-sum      = (6 + 4) / 2          = 5
     # seq-mean-token-mean     = (6/3 + 4/1) / 2      = 3
     # seq-mean-token-sum-norm = 10 / (2 * 3)         = 1.666667;  with norm_length 5: 10 / 10 = 1
+    # token-sum               = 1+2+3+4              = 10  (global counts do not enter)
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, NAN, math.inf]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    expected = {"token-mean": 2.5, "seq-mean-token-sum": 5.0, "seq-mean-token-mean": 3.0, "seq-mean-token-sum-norm": 10 / 6}
+    expected = {"token-mean": 2.5, "seq-mean-token-sum": 5.0, "seq-mean-token-mean": 3.0, "seq-mean-token-sum-norm": 10 / 6,
+                "token-sum": 10.0}
     for mode, value in expected.items():
         torch.testing.assert_close(aggregate_loss(loss, mask, mode=mode), torch.tensor(value))
     torch.testing.assert_close(aggregate_loss(loss, mask, mode="seq-mean-token-sum-norm", norm_length=5), torch.tensor(1.0))
     # Global counts replace the batch's own: 10 / 8 tokens; 10 / 4 sequences.
     torch.testing.assert_close(aggregate_loss(loss, mask, mode="token-mean", global_tokens=8), torch.tensor(1.25))
     torch.testing.assert_close(aggregate_loss(loss, mask, mode="seq-mean-token-sum", global_seqs=torch.tensor(4)), torch.tensor(2.5))
+    torch.testing.assert_close(aggregate_loss(loss, mask, mode="token-sum", global_tokens=8, global_seqs=4), torch.tensor(10.0))
 
 
 def test_unknown_mode_names_the_valid_ones():
