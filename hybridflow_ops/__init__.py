@@ -12,8 +12,8 @@ from .advantages import (
     gae, grpo_advantage, reinforce_pp_advantage, reinforce_pp_baseline_advantage, remax_advantage, rloo_advantage,
 )
 from .losses import (
-    aggregate_loss, entropy_bonus, entropy_from_logits, gspo, kl_loss, nll, ppo_clip, ppo_clip_is, truncated_is_weight,
-    value_clip,
+    aggregate_loss, cispo, clip_cov, dppo_kl, dppo_tv, entropy_bonus, entropy_from_logits, gmpo, gpg, gspo, kl_cov,
+    kl_loss, nll, ppo_clip, ppo_clip_is, reinforce, sapo, truncated_is_weight, value_clip,
 )
 from .rollout import old_log_probs_from_rollout
 from .logprob import TokenLogProbs, token_logprobs_from_hidden, token_logprobs_from_logits
@@ -25,5 +25,6 @@ __all__ = [
     "gae", "grpo_advantage", "reinforce_pp_advantage", "reinforce_pp_baseline_advantage", "remax_advantage", "rloo_advantage",
     "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "nll", "ppo_clip", "ppo_clip_is",
     "truncated_is_weight", "value_clip", "old_log_probs_from_rollout",
+    "cispo", "clip_cov", "dppo_kl", "dppo_tv", "gmpo", "gpg", "kl_cov", "reinforce", "sapo",
     "TokenLogProbs", "token_logprobs_from_hidden", "token_logprobs_from_logits",
 ]

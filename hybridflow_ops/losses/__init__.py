@@ -1,14 +1,19 @@
 """Loss ops (policy, value, entropy, KL) and the loss aggregation modes.
 
 Importing this package registers the loss ops ``ppo_clip``, ``ppo_clip_is``,
-``gspo``, ``kl_loss``, ``value_clip``, ``entropy_bonus`` and the compute op
-``truncated_is_weight``.
+``gspo``, ``gmpo``, ``cispo``, ``reinforce``, ``gpg``, ``clip_cov``, ``kl_cov``,
+``sapo``, ``dppo_tv``, ``dppo_kl``, ``kl_loss``, ``value_clip``, ``entropy_bonus``
+and the compute op ``truncated_is_weight``.
 """
 from .aggregate import LOSS_AGG_MODES, aggregate_loss, count_seqs, count_tokens
+from .covariance import ClipCovLoss, KLCovLoss, clip_cov, kl_cov, token_covariance
 from .entropy import EntropyLoss, entropy_bonus, entropy_from_logits
+from .gmpo import GMPOLoss, gmpo
 from .kl_loss import KLLoss, kl_loss
 from .nll import NLLLoss, nll
 from .policy import GSPOLoss, ISWeights, PolicyLoss, gspo, ppo_clip, ppo_clip_is, truncated_is_weight
+from .reinforce import CISPOLoss, PGLoss, cispo, gpg, reinforce
+from .trust_region import DPPOLoss, SAPOLoss, binary_kl, dppo_kl, dppo_tv, sapo
 from .value import ValueLoss, value_clip
 
 __all__ = [
@@ -17,4 +22,7 @@ __all__ = [
     "KLLoss", "kl_loss", "NLLLoss", "nll",
     "GSPOLoss", "ISWeights", "PolicyLoss", "gspo", "ppo_clip", "ppo_clip_is", "truncated_is_weight",
     "ValueLoss", "value_clip",
+    "ClipCovLoss", "KLCovLoss", "clip_cov", "kl_cov", "token_covariance", "GMPOLoss", "gmpo",
+    "CISPOLoss", "PGLoss", "cispo", "gpg", "reinforce",
+    "DPPOLoss", "SAPOLoss", "binary_kl", "dppo_kl", "dppo_tv", "sapo",
 ]

@@ -22,7 +22,7 @@ response-length bias of per-sequence token means.
 
 ``token-sum`` divides by nothing: the loss is the plain Monte-Carlo sum of the
 per-token terms, as in the REINFORCE estimator written over a batch
-(Williams 1992, eq. 11, summed rather than averaged). Its scale grows with the
+(Williams 1992), summed rather than averaged. Its scale grows with the
 batch and the response lengths, so the learning rate must absorb both; it needs
 no global count (the micro-batch sums add up to the batch sum by construction).
 """

@@ -27,6 +27,15 @@ CONTRACT = {
     "ppo_clip": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
     "ppo_clip_is": (("log_probs",), ("old_log_probs", "advantages", "response_mask", "is_weights"), ("loss",), "loss"),
     "gspo": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
+    "gmpo": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
+    "cispo": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
+    "reinforce": (("log_probs",), ("advantages", "response_mask"), ("loss",), "loss"),
+    "gpg": (("log_probs",), ("advantages", "response_mask"), ("loss",), "loss"),
+    "clip_cov": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
+    "kl_cov": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
+    "sapo": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
+    "dppo_tv": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
+    "dppo_kl": (("log_probs",), ("old_log_probs", "advantages", "response_mask"), ("loss",), "loss"),
     "kl_loss": (("log_probs",), ("ref_log_probs", "response_mask"), ("loss",), "loss"),
     "value_clip": (("value_preds",), ("values", "returns", "response_mask"), ("loss",), "loss"),
     "entropy_bonus": (("entropy",), ("response_mask",), ("loss",), "loss"),
@@ -145,5 +154,33 @@ def test_vanishes_with_must_name_an_input():
     with pytest.raises(OpRegistryError, match="vanishes_with"):
         register_op("bad_vanish", inputs=("advantages: float32[B, R]",), outputs=("loss: float32",), kind="loss",
                     vanishes_with="scores")
-    assert {get_op(n).vanishes_with for n in ("ppo_clip", "ppo_clip_is", "gspo")} == {"advantages"}
-    assert get_op("kl_loss").vanishes_with is None
+    vanishing = ("ppo_clip", "ppo_clip_is", "gspo", "gmpo", "cispo", "reinforce", "gpg", "sapo", "dppo_tv", "dppo_kl")
+    assert {get_op(n).vanishes_with for n in vanishing} == {"advantages"}
+    # Clip-Cov / KL-Cov select tokens from batch statistics (and KL-Cov penalises zero-advantage tokens): not separable.
+    assert {get_op(n).vanishes_with for n in ("kl_loss", "clip_cov", "kl_cov")} == {None}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CONTRACT if get_op(n).vanishes_with))
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 1000), b=st.integers(2, 4), r=st.integers(1, 5))
+def test_vanishing_rows_add_zero_loss_and_gradient_and_can_be_dropped(name, seed, b, r):
+    # The vanishes_with contract as an engine uses it: zero the field on some rows; the loss and the
+    # gradient of the other rows are those of the batch without these rows (global counts kept), and
+    # the zeroed rows get exactly zero gradient.
+    spec = get_op(name)
+    tensors, mask = make_inputs(name, b, r, seed)
+    fields = [f.name for f in spec.model_inputs + spec.inputs]
+    zero_rows = torch.arange(b) % 2 == 0
+    k = fields.index(spec.vanishes_with)
+    tensors[k] = torch.where(zero_rows[:, None], torch.zeros_like(tensors[k]), tensors[k])
+    counts = dict(global_tokens=mask.sum(), global_seqs=mask.bool().any(-1).sum(), norm_length=r)
+    full = spec(*tensors, **counts)
+    full.loss.backward()
+    n_model = len(spec.model_inputs)
+    kept = [t.detach()[~zero_rows].requires_grad_(i < n_model) for i, t in enumerate(tensors)]
+    part = spec(*kept, **counts)
+    torch.testing.assert_close(part.loss, full.loss)
+    part.loss.backward()
+    for t, p in zip(tensors[:n_model], kept[:n_model]):
+        assert torch.all(t.grad[zero_rows] == 0)
+        torch.testing.assert_close(t.grad[~zero_rows], p.grad)

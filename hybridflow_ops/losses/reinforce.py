@@ -1,0 +1,145 @@
+"""Score-function losses ``-w A log pi``: plain REINFORCE, GPG and CISPO.
+
+The three differ only in the detached weight ``w`` in front of ``A log pi`` and in
+their default aggregation: REINFORCE and GPG have no weight (on-policy, no ratio),
+CISPO weights each token by its clipped, detached importance ratio. Their loss
+*value* is ``-A log pi`` (the papers' objectives, negated); only its gradient
+``-w A grad log pi`` matters for training.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..registry import register_op
+from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric
+from .aggregate import aggregate_loss
+
+__all__ = ["PGLoss", "CISPOLoss", "reinforce", "gpg", "cispo"]
+
+_LOG_PROBS = ("log_probs: float32[B, R]",)
+_PG_INPUTS = ("advantages: float32[B, R]", "response_mask: float32[B, R]")
+_LOSS = ("loss: float32",)
+
+
+class PGLoss(NamedTuple):
+    loss: torch.Tensor
+
+
+class CISPOLoss(NamedTuple):
+    loss: torch.Tensor
+    pg_clipfrac: torch.Tensor
+    ppo_kl: torch.Tensor
+
+
+def _score_function_loss(log_probs, advantages, response_mask, agg) -> PGLoss:
+    valid = check_loss_inputs(response_mask, log_probs=log_probs, advantages=advantages)
+    loss_mat = -select_valid(advantages, valid) * select_valid(log_probs, valid)
+    return PGLoss(aggregate_loss(loss_mat, response_mask, **agg))
+
+
+@register_op("reinforce", model_inputs=_LOG_PROBS, inputs=_PG_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
+def reinforce(
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    global_tokens: int | float | torch.Tensor | None = None,
+    global_seqs: int | float | torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> PGLoss:
+    """Plain REINFORCE: the score-function estimator, with no importance ratio and no clipping.
+
+    Shapes: log_probs (with grad), advantages, response_mask ``(b, r)`` -> loss, a scalar.
+
+        l_t  = -A_t log pi(y_t)                                  (Williams 1992)
+        loss = aggregate_loss(l, response_mask, mode=loss_agg_mode, ...)
+        grad = -sum_t A_t grad log pi(y_t) / count
+
+    The default ``seq-mean-token-sum`` is the per-sequence sum over time of the estimator,
+    averaged over sequences: with ``A`` the return of the response, its gradient is an
+    unbiased estimate of the gradient of the expected return. Valid on-policy only
+    (one update per batch): there is no ratio to correct for a policy that has moved.
+    Reference: Williams 1992, "Simple statistical gradient-following algorithms for
+    connectionist reinforcement learning", Machine Learning 8.
+    """
+    agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
+    return _score_function_loss(log_probs, advantages, response_mask, agg)
+
+
+@register_op("gpg", model_inputs=_LOG_PROBS, inputs=_PG_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
+def gpg(
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    global_tokens: int | float | torch.Tensor | None = None,
+    global_seqs: int | float | torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> PGLoss:
+    """Group Policy Gradient loss: REINFORCE averaged over all the batch's tokens.
+
+    Shapes: log_probs (with grad), advantages, response_mask ``(b, r)`` -> loss, a scalar.
+
+        loss = -(1 / sum_i |o_i|) sum_i sum_t A_i,t log pi(o_i,t)        (GPG)
+
+    i.e. :func:`reinforce` with ``token-mean``: no ratio, no clip, no KL term. The
+    advantage is GPG's group-centred, rescaled score (:func:`~hybridflow_ops.gpg_advantage`).
+    Reference: Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline
+    for Model Reasoning", arXiv 2504.02546.
+    """
+    agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
+    return _score_function_loss(log_probs, advantages, response_mask, agg)
+
+
+@register_op(
+    "cispo", model_inputs=_LOG_PROBS, inputs=("old_log_probs: float32[B, R]",) + _PG_INPUTS, outputs=_LOSS, kind="loss",
+    vanishes_with="advantages",
+)
+def cispo(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+    loss_agg_mode: str = "token-mean",
+    global_tokens: int | float | torch.Tensor | None = None,
+    global_seqs: int | float | torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> CISPOLoss:
+    """CISPO: REINFORCE weighted by the clipped, detached importance ratio; no token loses its gradient.
+
+    Shapes: log_probs (with grad), old_log_probs, advantages, response_mask ``(b, r)`` -> loss and metrics, scalars.
+
+        r_t  = exp(log_probs_t - old_log_probs_t)
+        w_t  = sg[ clip(r_t, 1 - clip_low, 1 + clip_high) ]
+        l_t  = -w_t A_t log pi(y_t)                                    (CISPO)
+        loss = aggregate_loss(l, response_mask, mode=loss_agg_mode, ...)
+
+    Unlike PPO's clip, which zeroes the gradient of a token whose ratio left the trust
+    region, CISPO clips only the weight, so every token keeps a gradient. The default
+    ``clip_low = 1`` sets no lower bound (the paper imposes none); ``clip_high`` is the
+    only active bound. Metrics: ``pg_clipfrac`` (fraction of valid tokens whose ratio was
+    clipped), ``ppo_kl`` (mean of ``old_log_probs - log_probs``).
+    Reference: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+    Lightning Attention", arXiv 2506.13585 (CISPO).
+    """
+    if not 0.0 <= clip_low <= 1.0 or clip_high < 0.0:
+        raise ValueError(f"CISPO needs 0 <= clip_low <= 1 (1: no lower bound) and clip_high >= 0, got {clip_low}, {clip_high}")
+    valid = check_loss_inputs(response_mask, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages)
+    new = select_valid(log_probs, valid)
+    log_ratio = new - select_valid(old_log_probs, valid)
+    ratio = clamped_exp(log_ratio.detach())
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_mat = -weight * select_valid(advantages, valid) * new
+    agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
+    return CISPOLoss(
+        loss=aggregate_loss(loss_mat, response_mask, **agg),
+        pg_clipfrac=token_metric(weight != ratio, valid, loss_mat.dtype),
+        ppo_kl=token_metric(-log_ratio, valid),
+    )
