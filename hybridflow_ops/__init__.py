@@ -16,6 +16,7 @@ from .losses import (
     kl_loss, nll, ppo_clip, ppo_clip_is, reinforce, sapo, truncated_is_weight, value_clip,
 )
 from .rollout import old_log_probs_from_rollout
+from .rollout_correction import icepop_is_weight, normalize_is_weight, sequence_is_weight, sequence_rejection_mask
 from .logprob import TokenLogProbs, token_logprobs_from_hidden, token_logprobs_from_logits
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "gae", "grpo_advantage", "reinforce_pp_advantage", "reinforce_pp_baseline_advantage", "remax_advantage", "rloo_advantage",
     "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "nll", "ppo_clip", "ppo_clip_is",
     "truncated_is_weight", "value_clip", "old_log_probs_from_rollout",
+    "icepop_is_weight", "normalize_is_weight", "sequence_is_weight", "sequence_rejection_mask",
     "cispo", "clip_cov", "dppo_kl", "dppo_tv", "gmpo", "gpg", "kl_cov", "reinforce", "sapo",
     "TokenLogProbs", "token_logprobs_from_hidden", "token_logprobs_from_logits",
 ]
