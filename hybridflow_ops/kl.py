@@ -99,6 +99,7 @@ def masked_kl(old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, response
     """Per-token KL estimate ``kl_penalty(old_log_probs, ref_log_probs)``, 0 at padding.
 
     Shapes: old_log_probs ``(b, r)``, ref_log_probs ``(b, r)``, response_mask ``(b, r)`` -> kl ``(b, r)``.
+    Estimators as in the module docstring. Reference: J. Schulman 2020, "Approximating KL Divergence".
     """
     logp, ref, valid = _masked_log_ratio_inputs(old_log_probs, ref_log_probs, response_mask)
     kl = kl_penalty(logp, ref, kl_type=kl_type)

@@ -95,6 +95,8 @@ def clip_cov(
     states), which changes the logged loss, not the update.
     Metrics: ``cov_clipfrac`` (fraction of valid tokens detached), ``pg_clipfrac``,
     ``ppo_kl``. Not row-separable: see the module docstring.
+    Reference: Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
+    Language Models", arXiv 2505.22617 (Clip-Cov).
     """
     if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
         raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
@@ -156,6 +158,7 @@ def kl_cov(
     zero-advantage row can be selected (its covariance is ``-mean(A) (logp - mean logp)``)
     and gets a gradient from ``|log r_t|``, so this loss declares no ``vanishes_with``.
     Metrics: ``cov_klfrac`` (fraction of valid tokens penalised), ``ppo_kl``.
+    Reference: Cui et al. 2025, arXiv 2505.22617 (KL-Cov).
     """
     if not 0.0 < kl_cov_ratio <= 1.0:
         raise ValueError(f"kl_cov_ratio must be in (0, 1], got {kl_cov_ratio}")
