@@ -8,6 +8,7 @@ This package imports torch, never ``hybridflow``.
 from .registry import FieldSpec, OpRegistryError, OpSpec, get_op, has_op, list_ops, register_op, unregister_op
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .kl import kl_in_reward, kl_penalty, masked_kl, score_to_token_rewards
+from .kl_control import adaptive_kl_coef
 from .advantages import (
     gae, grpo_advantage, reinforce_pp_advantage, reinforce_pp_baseline_advantage, remax_advantage, rloo_advantage,
 )
@@ -22,7 +23,7 @@ from .logprob import TokenLogProbs, token_logprobs_from_hidden, token_logprobs_f
 __all__ = [
     "FieldSpec", "OpRegistryError", "OpSpec", "get_op", "has_op", "list_ops", "register_op", "unregister_op",
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "kl_in_reward", "kl_penalty", "masked_kl", "score_to_token_rewards",
+    "kl_in_reward", "kl_penalty", "masked_kl", "score_to_token_rewards", "adaptive_kl_coef",
     "gae", "grpo_advantage", "reinforce_pp_advantage", "reinforce_pp_baseline_advantage", "remax_advantage", "rloo_advantage",
     "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "nll", "ppo_clip", "ppo_clip_is",
     "truncated_is_weight", "value_clip", "old_log_probs_from_rollout",

@@ -13,6 +13,17 @@ The estimators take log-probabilities of the *sampled* tokens under the policy
 For ``k3`` the log-ratio is clamped to ``[-20, 20]`` before ``exp`` and the
 result to ``[-10, 10]``, as verl's ``low_var_kl`` does, so a single token with
 a vanishing reference probability cannot blow up the loss.
+
+Straight-through variants ``k1+`` (``kl+``), ``abs+``, ``k3+`` (``low_var_kl+``) have
+the *value* of the named estimator and the *gradient* of ``k2``:
+
+    k+(x) = k2(x) - sg[k2(x)] + sg[k(x)],      grad k+ = x grad log p
+
+As a loss on tokens sampled from ``p``, ``E_p[grad k1] = E_p[grad log p] = 0`` (k1 gives no
+KL gradient at all) and ``grad k3`` is biased, while ``E_p[x grad log p] = grad KL(p || q)``:
+``k2``'s gradient is the unbiased one. The ``+`` estimators keep an unbiased *value* for
+logging (k1, k3) with that gradient. Reference: Zhang et al. 2025, "On the Design of
+KL-Regularized Policy Gradient Algorithms for LLM Reasoning", arXiv 2505.17508.
 """
 from __future__ import annotations
 
@@ -49,11 +60,24 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return (torch.expm1(ref_minus_logp) - ref_minus_logp).clamp(-K3_CLAMP, K3_CLAMP)
 
 
+def _straight_through(estimator: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The value of ``estimator``, the gradient of ``k2``."""
+
+    def estimate(log_ratio: torch.Tensor) -> torch.Tensor:
+        k2 = _k2(log_ratio)
+        return k2 - k2.detach() + estimator(log_ratio).detach()
+
+    return estimate
+
+
 KL_TYPES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k1": _k1, "kl": _k1,
     "abs": _abs,
     "k2": _k2, "mse": _k2,
     "k3": _k3, "low_var_kl": _k3,
+    "k1+": _straight_through(_k1), "kl+": _straight_through(_k1),
+    "abs+": _straight_through(_abs),
+    "k3+": _straight_through(_k3), "low_var_kl+": _straight_through(_k3),
 }
 
 

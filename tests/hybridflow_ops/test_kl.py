@@ -118,3 +118,31 @@ def test_kl_in_reward_ignores_appended_padding(data, b, r, extra, kl_type):
                         torch.cat([mask, torch.zeros(b, extra)], 1), kl_coef=0.05, kl_type=kl_type).token_rewards
     torch.testing.assert_close(wide[:, :r], base)
     assert torch.all(wide[:, r:] == 0)
+
+
+def test_straight_through_estimators_have_their_value_and_k2_gradient():
+    # Token 0: x = ln 2: k1+ = 0.693147, k3+ = 0.193147, abs+ = 0.693147; token 1: x = -ln 2: -0.693147, 0.306853, 0.693147.
+    # The gradient w.r.t. log p is k2's, d(0.5 x^2)/dx = x = [ln 2, -ln 2], whatever the estimator.
+    logq = torch.log(torch.tensor([[0.25, 0.5]]))
+    values = {"k1+": [LN2, -LN2], "kl+": [LN2, -LN2], "abs+": [LN2, LN2], "k3+": [0.193147, 0.306853], "low_var_kl+": [0.193147, 0.306853]}
+    for kl_type, expected in values.items():
+        logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_(True)
+        out = kl_penalty(logp, logq, kl_type=kl_type)
+        torch.testing.assert_close(out.detach(), torch.tensor([expected]), atol=1e-6, rtol=0)
+        out.sum().backward()
+        torch.testing.assert_close(logp.grad, torch.tensor([[LN2, -LN2]]), atol=1e-6, rtol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_k1_plus_loss_gradient_is_unbiased_for_the_kl_gradient(seed):
+    # Exact expectation over a 4-token vocabulary: E_{y~p}[grad k1+(y)] = grad KL(p || q), while E_p[grad k1] = 0.
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, generator=gen, dtype=torch.float64).requires_grad_(True)
+    logq = torch.log_softmax(torch.randn(4, generator=gen, dtype=torch.float64), -1)
+    logp = torch.log_softmax(logits, -1)
+    p = logp.exp().detach()
+    (true_grad,) = torch.autograd.grad((logp.exp() * (logp - logq)).sum(), logits, retain_graph=True)
+    for kl_type, expected in (("k1+", true_grad), ("k1", torch.zeros(4, dtype=torch.float64))):
+        (grad,) = torch.autograd.grad((p * kl_penalty(logp, logq, kl_type=kl_type)).sum(), logits, retain_graph=True)
+        torch.testing.assert_close(grad, expected)
