@@ -10,7 +10,7 @@ from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .kl import kl_in_reward, kl_penalty, masked_kl, score_to_token_rewards
 from .kl_control import adaptive_kl_coef
 from .advantages import (
-    gae, grpo_advantage, reinforce_pp_advantage, reinforce_pp_baseline_advantage, remax_advantage, rloo_advantage,
+    gae, gpg_advantage, grpo_advantage, opo_advantage, passk_advantage, reinforce_pp_advantage, reinforce_pp_baseline_advantage, remax_advantage, rloo_advantage,
 )
 from .losses import (
     aggregate_loss, cispo, clip_cov, dppo_kl, dppo_tv, entropy_bonus, entropy_from_logits, gmpo, gpg, gspo, kl_cov,
@@ -25,6 +25,7 @@ __all__ = [
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "kl_in_reward", "kl_penalty", "masked_kl", "score_to_token_rewards", "adaptive_kl_coef",
     "gae", "grpo_advantage", "reinforce_pp_advantage", "reinforce_pp_baseline_advantage", "remax_advantage", "rloo_advantage",
+    "gpg_advantage", "opo_advantage", "passk_advantage",
     "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "nll", "ppo_clip", "ppo_clip_is",
     "truncated_is_weight", "value_clip", "old_log_probs_from_rollout",
     "icepop_is_weight", "normalize_is_weight", "sequence_is_weight", "sequence_rejection_mask",

@@ -2,10 +2,12 @@
 
 Importing this package registers the ops ``gae``, ``grpo_advantage``,
 ``rloo_advantage``, ``reinforce_pp_advantage``,
-``reinforce_pp_baseline_advantage`` and ``remax_advantage``.
+``reinforce_pp_baseline_advantage``, ``remax_advantage``, ``gpg_advantage``,
+``opo_advantage`` and ``passk_advantage``.
 """
 from .gae import GAEResult, gae
 from .group import Advantages, GroupStats, group_stats, grpo_advantage, reinforce_pp_baseline_advantage, rloo_advantage
+from .group_variants import gpg_advantage, opo_advantage, passk_advantage
 from .reinforce_pp import ReinforcePPResult, discounted_returns, reinforce_pp_advantage
 from .remax import ReMaxResult, remax_advantage
 
@@ -14,4 +16,5 @@ __all__ = [
     "Advantages", "GroupStats", "group_stats", "grpo_advantage", "rloo_advantage", "reinforce_pp_baseline_advantage",
     "ReinforcePPResult", "discounted_returns", "reinforce_pp_advantage",
     "ReMaxResult", "remax_advantage",
+    "gpg_advantage", "opo_advantage", "passk_advantage",
 ]

@@ -19,6 +19,9 @@ CONTRACT = {
     "rloo_advantage": ((), ("scores", "group_index", "response_mask"), ("advantages",), "compute"),
     "reinforce_pp_advantage": ((), ("token_rewards", "response_mask"), ("advantages", "returns"), "compute"),
     "reinforce_pp_baseline_advantage": ((), ("scores", "group_index", "response_mask"), ("advantages",), "compute"),
+    "gpg_advantage": ((), ("scores", "group_index", "response_mask"), ("advantages",), "compute"),
+    "opo_advantage": ((), ("scores", "group_index", "response_mask"), ("advantages",), "compute"),
+    "passk_advantage": ((), ("scores", "group_index", "response_mask"), ("advantages",), "compute"),
     "remax_advantage": ((), ("scores", "baseline_scores", "response_mask"), ("advantages", "returns"), "compute"),
     "kl_in_reward": ((), ("scores", "old_log_probs", "ref_log_probs", "response_mask"), ("token_rewards",), "compute"),
     "score_to_token_rewards": ((), ("scores", "response_mask"), ("token_rewards",), "compute"),
@@ -45,6 +48,8 @@ CONTRACT = {
     "entropy_bonus": (("entropy",), ("response_mask",), ("loss",), "loss"),
 }
 OPS = sorted(CONTRACT)
+# Hyper-parameters the generic checks pass where an op's defaults do not fit their inputs (groups of two).
+ATTRS = {"passk_advantage": {"k": 2}}
 NAN = float("nan")
 
 
@@ -74,6 +79,8 @@ def make_inputs(name, b, r, seed):
             value = mask.clone()
         elif field.name == "group_index":
             value = torch.arange(b) // 2
+        elif field.name == "scores" and name == "passk_advantage":
+            value = (torch.rand(shape, generator=gen) > 0.5).float()  # pass/fail rewards
         elif "log_probs" in field.name:
             value = -torch.rand(shape, generator=gen) * 3
         elif field.name in ("is_weights", "entropy"):
@@ -93,7 +100,7 @@ def test_op_result_shapes_and_no_mutation(name):
     b, r = 4, 5
     tensors, _ = make_inputs(name, b, r, seed=0)
     copies = [t.detach().clone() for t in tensors]
-    result = spec(*tensors)
+    result = spec(*tensors, **ATTRS.get(name, {}))
     assert hasattr(result, "_fields") and result._fields[: len(spec.outputs)] == spec.output_names
     for t, c in zip(tensors, copies):
         assert torch.equal(t.detach(), c), f"{name} mutated an input"
@@ -137,7 +144,7 @@ def test_op_ignores_inserted_padding_with_garbage(name, b, r, seed, extra, garba
     wide = [widen(t, f) for t, f in zip(tensors, fields)]
     for t in wide[:n_model]:
         t.requires_grad_(True)
-    base, out = spec(*tensors), spec(*wide)
+    base, out = spec(*tensors, **ATTRS.get(name, {})), spec(*wide, **ATTRS.get(name, {}))
     for field, a, c in zip(spec.outputs, base, out):
         if field.dims == ("B", "R"):
             torch.testing.assert_close(c[:, ~is_new], a)
