@@ -14,7 +14,7 @@ from hybridflow import PPOConfig, RolloutManager
 from hybridflow.trainer import PPOTrainer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=2000, help="training steps (32 prompts x 16 samples each)")
+parser.add_argument("--steps", type=int, default=400, help="training steps (32 prompts x 16 samples each)")
 parser.add_argument("--max-time", type=float, default=600, help="stop after this many seconds of training")
 args = parser.parse_args()
 
@@ -26,10 +26,14 @@ config = PPOConfig(
     rollout_batch_size=32,
     n_samples=16,
     max_response_length=3,  # the longest answer, "18", is two tokens, plus EOS
-    actor_lr=1e-3,
+    actor_lr=2e-3,
+    actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05},  # decays to 5% of 2e-3 over max_steps
     critic_lr=1e-2,
     adam_betas=(0.9, 0.9999),
     entropy_coef=0.02,  # an entropy bonus slows the collapse onto one answer
+    kl_in_reward=False,  # the KL to the reference as a loss term, as GRPO has it ...
+    kl_coef=0.1,
+    kl_type="low_var_kl",  # ... with the low-variance (k3) estimator
     eval_freq=20,  # greedy accuracy and mean@4 on the 100 prompts every 20 steps
     stop_at_val_score=0.9,
     save_freq=args.steps,
