@@ -8,6 +8,9 @@ VENV   ?= .venv
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS    ?=
+# The suite runs on two pytest-xdist workers (the long learning runs side by side); the Ray tests
+# share one Ray instance and form one group, run by one worker. PYTEST_WORKERS=0 runs it serially.
+PYTEST_WORKERS ?= 2
 
 STAMP := $(VENV)/.hybridflow-installed
 
@@ -28,7 +31,7 @@ demo: install graphviz
 	$(VENV)/bin/hybridflow quickstart
 
 test: install graphviz
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=12 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) out runs .pytest_cache .hypothesis
