@@ -90,6 +90,25 @@ def test_a_signal_finishes_the_step_and_writes_checkpoint_trace_and_summary(tiny
     assert (out / "trace.json").is_file()
 
 
+@pytest.mark.e2e
+def test_ctrl_c_to_a_ray_run_s_process_group_stops_it_cleanly(tiny_model_dir, tmp_path):
+    """As a terminal's Ctrl-C: SIGINT to the driver and its Ray processes together (about 30 s: Ray's start)."""
+    pytest.importorskip("ray")
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hybridflow.cli", "run",
+                             *_overrides(tiny_model_dir, out, max_steps=10_000, save_freq=0, executor="ray")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
+                            start_new_session=True)
+    _wait_for_step(proc, out, 1, timeout=180)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    last = max(_steps(out))
+    assert _all_checkpoints_verify(out) == [last]
+    assert f"hybridflow run: stopped by SIGINT after step {last} of 10000; checkpoint " in stderr
+    assert (out / "trace.json").is_file() and "stopped by SIGINT" in stdout
+
+
 def test_a_second_sigint_stops_at_once_and_leaves_checkpoints_complete(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     proc = _start(tiny_model_dir, out, max_steps=10_000, save_freq=1, keep_checkpoints=2)
