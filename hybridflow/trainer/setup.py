@@ -4,11 +4,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, GraphValidationError
 from ..graph import Graph
 from .config import GRAPH_ATTRS, ROLE_SOURCE_FIELDS, PPOConfig
 
-__all__ = ["actor_source", "check_devices", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
+__all__ = ["actor_source", "check_devices", "check_trainable", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
            "ignored_fields", "ignored_role_fields", "BUILTIN_RESPONSE_LENGTH"]
 
 log = logging.getLogger("hybridflow.trainer")
@@ -135,3 +135,16 @@ def check_devices(device_map: dict[str, str]) -> None:
                                   f"cuda:0..cuda:{count - 1}; pick one of those")
         elif kind == "mps" and not torch.backends.mps.is_available():
             raise ConfigError(f"device_map.{role}=mps: the MPS backend is not available here; use cpu")
+
+
+def check_trainable(graph: Graph) -> None:
+    """A graph trained by the Trainer must update some role: GraphValidationError otherwise.
+
+    (A graph without an update node is valid to draw, compile or simulate; training it would
+    spend every step changing no weights.)
+    """
+    if not any(node.kind == "update" for node in graph.nodes):
+        raise GraphValidationError(
+            f"graph {graph.name!r} has no update node, so training it would change no weights",
+            hint="add an update node for the policy (and critic) to the algorithm, or use `hybridflow viz` / "
+                 "`compile` to inspect a graph without training it")

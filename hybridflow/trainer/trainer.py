@@ -119,7 +119,7 @@ class Trainer:
         from ..runtime.local import LocalExecutor
         from .progress import PhaseRecorder
         from .resume import check_fresh_start
-        from .setup import actor_source, check_batch_sizes, check_devices, load_rows, response_length
+        from .setup import actor_source, check_batch_sizes, check_devices, check_trainable, load_rows, response_length
         from .trackers import build_trackers
 
         cfg = self.config
@@ -134,6 +134,7 @@ class Trainer:
         self.train_rows, self.val_rows = load_rows(cfg)
         self.max_response_length = response_length(cfg)
         self.graph = self.build_graph()
+        check_trainable(self.graph)
         check_batch_sizes(self.graph, cfg)
         self.plan = plan_local(self.graph, self._device_map(self.graph))
         (self.output_dir / "plan.json").write_text(self.plan.to_json())

@@ -36,6 +36,23 @@ def test_a_device_the_machine_lacks_is_a_config_error(fast_config, capsys):
         PPOTrainer(config=fast_config(device_map={"actor": "cuda:99"})).train()
 
 
+def test_training_a_graph_without_an_update_node_is_an_error(fast_config, monkeypatch):
+    import dataclasses
+
+    from hybridflow.errors import GraphValidationError
+    from hybridflow.trainer import GRPOTrainer
+
+    built = GRPOTrainer.build_graph
+
+    def without_updates(self):
+        graph = built(self)
+        return dataclasses.replace(graph, nodes=tuple(n for n in graph.nodes if n.kind != "update"))
+
+    monkeypatch.setattr(GRPOTrainer, "build_graph", without_updates)
+    with pytest.raises(GraphValidationError, match="graph 'grpo' has no update node"):
+        GRPOTrainer(config=fast_config()).train()
+
+
 def test_a_config_json_with_a_wrong_typed_field_is_a_model_load_error(tiny_model_dir, tmp_path):
     from hybridflow.data import load_causal_lm
 
