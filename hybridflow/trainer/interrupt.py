@@ -31,7 +31,7 @@ def exit_code(signum: int) -> int:
 class StopRequest:
     """Records the first SIGINT/SIGTERM (see the module docstring); ``signum`` is None until one arrives."""
 
-    def __init__(self, what: str = "the current step"):
+    def __init__(self, what: str = "the current step, then writing a checkpoint, the trace and the summary"):
         self.what = what
         self.signum: int | None = None
         self.forced = False
@@ -55,8 +55,8 @@ class StopRequest:
             self.forced = True
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
         self.signum = signum
-        log.warning("%s received: finishing %s, then writing a checkpoint, the trace and the summary "
-                    "(press Ctrl-C again to stop at once)", signal.Signals(signum).name, self.what)
+        log.warning("%s received: finishing %s (press Ctrl-C again to stop at once)", signal.Signals(signum).name,
+                    self.what)
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
