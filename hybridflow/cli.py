@@ -47,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     except HybridflowError as err:
         print(f"hybridflow {args.command}: error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one lets a run finish its step and checkpoint)
+        hint = (" -- checkpoints are complete or absent; rerun with resume=auto to continue from the newest"
+                if args.command in ("run", "quickstart") else "")
+        print(f"hybridflow {args.command}: interrupted, stopped at once{hint}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ __all__ = [
     "ModelLoadError",
     "BatchError",
     "WorkerLostError",
+    "OutputDirError",
 ]
 
 
@@ -93,3 +94,7 @@ class BatchError(HybridflowError):
 
 class WorkerLostError(ExecutionError):
     """A worker process died (killed, out of memory, node lost); names its role(s), rank and pool."""
+
+
+class OutputDirError(HybridflowError):
+    """An output folder cannot be used: another run holds it, it holds an earlier run's checkpoints, or it is a file."""

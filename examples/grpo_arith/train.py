@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
         actor_lr=2e-3, actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05}, adam_betas=(0.9, 0.9999),
         max_grad_norm=1.0, clip_ratio=0.2, loss_agg_mode="token-mean", kl_coef=0.1, kl_type="low_var_kl",
         recompute_old_log_probs=False, max_steps=args.steps, max_time_s=args.max_time, eval_freq=args.eval_every,
-        val_samples=1, stop_at_val_score=args.target, resume="never", trackers=("console", "jsonl"),
+        val_samples=1, stop_at_val_score=args.target, resume="never", overwrite=True, trackers=("console", "jsonl"),
         log_every=args.eval_every, progress_bar=False,
     )
     trainer = GRPOTrainer(config=config)  # the reference model of the KL loss is the warmed-up model

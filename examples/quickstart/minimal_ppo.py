@@ -38,7 +38,7 @@ config = PPOConfig(
     stop_at_val_score=0.9,
     save_freq=args.steps,
     output_dir="runs/minimal_ppo",
-    resume="never",
+    resume="never", overwrite=True,
 )
 
 # 2. the trainer: PPO's graph (generate, log-probs, ref log-probs, values, reward, GAE, two updates), planned

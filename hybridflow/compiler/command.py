@@ -61,7 +61,7 @@ def batch_from_args(args: argparse.Namespace):
 
 
 def load_graph(source: str, overrides: list[str]):
-    """A standard algorithm by name (with ``--set`` overrides) or a graph JSON file."""
+    """A standard algorithm by name (with ``--set`` overrides) or a graph JSON file (validated as the DSL validates)."""
     from ..algorithms import ALGORITHMS
     from ..viz.command import _overrides
 
@@ -74,8 +74,11 @@ def load_graph(source: str, overrides: list[str]):
     if values:
         raise ConfigError("--set overrides a standard algorithm's attributes; it does not apply to a graph file")
     from ..graph.serialize import graph_from_json
+    from ..graph.validate import validate
 
-    return graph_from_json(path.read_text())
+    graph = graph_from_json(path.read_text())
+    validate(graph)  # the DSL's checks: a hand-edited file is held to what a traced algorithm is
+    return graph
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import PlanError
 
-__all__ = ["PLAN_VERSION", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "verify_plan"]
+__all__ = ["PLAN_VERSION", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "read_plan", "verify_plan"]
 
 PLAN_VERSION = 1
 OP_KINDS = ("node", "weight_sync", "offload", "onload")
@@ -192,6 +192,20 @@ def _op_line(op: PlanOp) -> str:
     if op.rank_groups:
         line += f"  groups {len(op.rank_groups)}x{len(op.rank_groups[0])}"
     return line + (f"  # {op.note}" if op.note else "")
+
+
+def read_plan(text: str) -> ExecutionPlan:
+    """A plan from its JSON form, checked as the compiler checks its own output.
+
+    Its graph is validated with the DSL's checks (:func:`hybridflow.graph.validate`: a
+    GraphValidationError naming the node), then the plan with :func:`verify_plan` (PlanError).
+    """
+    from ..graph.validate import validate
+
+    plan = ExecutionPlan.from_json(text)
+    validate(plan.graph_ir())
+    verify_plan(plan)
+    return plan
 
 
 def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:

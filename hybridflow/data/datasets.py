@@ -45,6 +45,11 @@ def _normalise_row(row: Mapping[str, Any], where: str) -> dict[str, Any]:
                 f"{where}: missing required column {column!r}; columns found: {sorted(row)}. "
                 f"A prompt dataset needs {list(REQUIRED_COLUMNS)} (and optionally 'extra_info')."
             )
+    prompt = row["prompt"]
+    if not isinstance(prompt, str) and not (isinstance(prompt, (list, tuple))
+                                            and all(isinstance(m, Mapping) for m in prompt)):
+        raise DataError(f"{where}: column 'prompt' must be a string or a list of chat messages "
+                        f"[{{'role': ..., 'content': ...}}], got {type(prompt).__name__} {prompt!r:.60}.")
     out = dict(row)
     if out.get("extra_info") is None:
         out["extra_info"] = {}
@@ -77,14 +82,19 @@ class PromptDataset(Sequence):
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {lineno}: not valid JSON ({e.msg}).") from e
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise DataError(f"{path}, line {line}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                        "save the file as UTF-8.") from None
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {lineno}: not valid JSON ({e.msg}).") from e
     return rows
 
 

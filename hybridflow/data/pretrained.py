@@ -11,7 +11,11 @@ user's path or hub name unchanged, plus two fixes:
 - Failures become :class:`ModelLoadError` naming the path, and saying so when the
   cause is that the hub cannot be reached (offline mode, or no network). Offline
   mode (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``) is read when a load is
-  made, not only when transformers was imported, so no request is attempted.
+  made, not only when transformers was imported, so no request is attempted. Otherwise the
+  hub's endpoint is probed once (:func:`hub_reachable`): when it cannot be reached, a model in
+  the local cache loads from it and any other fails at once, not after a minute of retries.
+- A folder without config.json, or with one that transformers / huggingface_hub refuse, is a
+  :class:`ModelLoadError` naming the folder (not a page of validation traceback).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import torch
 
 from ..errors import ConfigError, ModelLoadError
 
-__all__ = ["load_tokenizer", "load_causal_lm", "hub_offline"]
+__all__ = ["load_tokenizer", "load_causal_lm", "hub_offline", "hub_reachable"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _TRUE = {"1", "true", "yes", "on"}
@@ -69,8 +73,52 @@ def _is_network_failure(error: BaseException) -> bool:
     return False
 
 
+_HUB_REACHABLE: dict[str, bool] = {}
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint opens within ``timeout`` s; probed once per process and endpoint.
+
+    (Without this, transformers retries for most of a minute before it says that it is offline.)
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    endpoint = urlparse(constants.ENDPOINT)
+    key = f"{endpoint.hostname}:{endpoint.port}"
+    if key not in _HUB_REACHABLE:
+        port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+        try:
+            socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+            _HUB_REACHABLE[key] = True
+        except OSError:
+            _HUB_REACHABLE[key] = False
+    return _HUB_REACHABLE[key]
+
+
+def _in_cache(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # a name the cache layout cannot hold
+        return False
+
+
 def _from_hub(what: str, name: str, loader: Callable[..., Any], **kwargs: Any) -> Any:
     offline = hub_offline()
+    if not offline and not hub_reachable():
+        if not _in_cache(name):
+            from huggingface_hub import constants
+
+            raise ModelLoadError(
+                f"{name!r} is not a local folder (looked in {Path(name).resolve()}), and the Hugging Face hub "
+                f"({constants.ENDPOINT}) cannot be reached from this machine and the {what} is not in the local "
+                "cache. Give the path of a model folder, or fetch the model once with network access "
+                "(set HF_HUB_OFFLINE=1 to skip this check when working offline).")
+        offline = True  # cached: load it without the minute of retries
     if offline:
         kwargs["local_files_only"] = True
     try:
@@ -100,11 +148,37 @@ def load_tokenizer(path_or_name: str | os.PathLike, **kwargs: Any):
     folder = _local_folder(path_or_name)
     if folder is None:
         return _from_hub("tokenizer", os.fspath(path_or_name), AutoTokenizer.from_pretrained, **kwargs)
+    _check_model_folder(folder, "tokenizer")
     loader = PreTrainedTokenizerFast if (folder / "tokenizer.json").is_file() else AutoTokenizer
     try:
         return loader.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load a tokenizer from folder {str(folder)!r}: {e}") from e
+    except Exception as e:  # huggingface_hub validates config fields with its own error types
+        raise _bad_config(folder, e) from None
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _check_model_folder(folder: Path, what: str) -> None:
+    """A folder without config.json (and, for a tokenizer, without tokenizer files) is no model: ModelLoadError."""
+    has_config = (folder / "config.json").is_file()
+    if what == "tokenizer" and (has_config or any((folder / f).is_file() for f in _TOKENIZER_FILES)):
+        return
+    if what != "tokenizer" and has_config:
+        return
+    held = sorted(p.name for p in folder.iterdir())[:8]
+    raise ModelLoadError(f"model folder {str(folder)!r} holds no {what}: no config.json"
+                         f"{' or tokenizer files' if what == 'tokenizer' else ''} (it holds {held or 'nothing'}). "
+                         "Give a folder written by save_pretrained (config.json, weights, tokenizer files).")
+
+
+def _bad_config(folder: Path, err: Exception) -> ModelLoadError:
+    """A config.json that transformers / huggingface_hub refuse (a field of the wrong type, ...): one line naming it."""
+    first = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:300] or type(err).__name__
+    return ModelLoadError(f"{folder / 'config.json'} is not a valid model config ({type(err).__name__}: {first}); "
+                          "fix that field or rewrite the folder with save_pretrained")
 
 
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype | str:
@@ -139,8 +213,15 @@ def load_causal_lm(
     if folder is None:
         model = _from_hub("model", os.fspath(path_or_name), AutoModelForCausalLM.from_pretrained, **kwargs)
     else:
+        _check_model_folder(folder, "model")
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"could not load a causal LM from folder {str(folder)!r}: {e}") from e
+        except (TypeError, KeyError, AttributeError, RuntimeError) as e:
+            raise _bad_config(folder, e) from None
+        except Exception as e:  # huggingface_hub's StrictDataclassError and kin
+            if type(e).__module__.startswith(("huggingface_hub", "transformers")):
+                raise _bad_config(folder, e) from None
+            raise
     return model.to(device) if device is not None else model

@@ -182,7 +182,7 @@ class RemoteRewardModel:
 
     def _post(self, body: dict) -> Any:
         data = json.dumps(body).encode("utf-8")
-        last = ""
+        last, timed_out = "", False
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
@@ -198,10 +198,25 @@ class RemoteRewardModel:
                 raise RewardError(f"reward server {self.api_url} answered {last}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
                 last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+                timed_out = _is_timeout(err)
                 continue
             try:
                 return json.loads(text)
             except json.JSONDecodeError:
                 raise RewardError(f"reward server {self.api_url}: malformed reply (not JSON): {text[:200]!r}") from None
+        if timed_out:
+            raise RewardError(f"reward server {self.api_url} timed out after {self.timeout:g} s "
+                              f"({self.max_retries + 1} attempts): it is reachable but slower than the timeout; "
+                              f"raise timeout= (e.g. RemoteRewardModel(..., timeout={self.timeout * 4:g})) or "
+                              "lower batch_size=")
         raise RewardError(f"reward server {self.api_url} unreachable after {self.max_retries + 1} attempts "
                           f"(last error: {last}); is it running, and is the URL right?")
+
+
+def _is_timeout(err: BaseException) -> bool:
+    """Whether a failed request timed out waiting for the server (it answered the connection, not the request)."""
+    import socket
+
+    reason = getattr(err, "reason", None)
+    return isinstance(err, (TimeoutError, socket.timeout)) or isinstance(reason, (TimeoutError, socket.timeout)) \
+        or "timed out" in str(reason or err).lower()

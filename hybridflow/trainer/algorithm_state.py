@@ -43,5 +43,5 @@ class AlgorithmState:
         missing = [rule.name for rule in self.rules if rule.name not in saved]
         if missing:
             raise CheckpointError(f"the checkpoint holds no value for the run state {missing} of graph "
-                                  f"{self.graph.name!r}; it was written without it (resume='never' starts over)")
+                                  f"{self.graph.name!r}; it was written without it (resume='never' overwrite=true starts over)")
         self.values = {rule.name: float(saved[rule.name]) for rule in self.rules}

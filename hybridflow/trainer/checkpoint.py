@@ -12,7 +12,9 @@ Layout of one checkpoint (``<output_dir>/checkpoints/step_00000003/``)::
 
 A checkpoint is written into ``.tmp-step_...`` next to the others and renamed into place when
 complete, so a crash mid-write leaves no folder that looks finished; only the newest
-``keep`` are kept. Loading checks the manifest first, reads DCP's metadata with an
+``keep`` are kept, and one being replaced or pruned is first renamed to a ``.tmp-`` name, so
+it too is complete or absent. A run removes the ``.tmp-*`` folders it finds on start
+(:func:`~hybridflow.trainer.run_lock.remove_stale_temp`, under the output folder's lock). Loading checks the manifest first, reads DCP's metadata with an
 unpickler that accepts only DCP's own metadata records (:class:`_MetadataUnpickler`), and
 reads tensors with ``torch.load(weights_only=True)`` (DCP's reader); a checkpoint that
 holds anything but tensors is refused. DCP runs without a process group on one process
@@ -84,8 +86,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch
                     "manifest": _manifest(tmp)}
         _write_json(tmp / STATE_FILE, document)
         final = root / name
-        if final.exists():  # the same step saved again (a resumed run redoing it)
-            shutil.rmtree(final)
+        if final.exists():  # the same step saved again (a resumed run redoing it): move the old one aside first
+            _discard(final)
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException:
@@ -93,6 +95,14 @@ def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch
         raise
     _prune(root, keep)
     return final
+
+
+def _discard(path: Path) -> None:
+    """Rename ``path`` to a ``.tmp-`` name (atomic), then delete it: an interruption never leaves a partial step_*."""
+    aside = path.with_name(f".tmp-old-{path.name}-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
@@ -103,7 +113,25 @@ def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
         raise CheckpointError(f"only tensors go into the DCP part of a checkpoint; {bad[:3]} are not")
     with warnings.catch_warnings():  # one process and no group is the intended use here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save({k: v.detach() for k, v in tensors.items()}, storage_writer=dcp.FileSystemWriter(str(folder)))
+        try:
+            dcp.save({k: v.detach() for k, v in tensors.items()}, storage_writer=dcp.FileSystemWriter(str(folder)))
+        except _dcp_exception() as err:
+            raise _unwrap(err, f"{folder}: writing the tensors failed") from None
+
+
+def _dcp_exception() -> type[BaseException]:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def _unwrap(err: BaseException, what: str) -> BaseException:
+    """DCP wraps every failure (Ctrl-C included) in a CheckpointException: a KeyboardInterrupt stays one, the rest become CheckpointError."""
+    failures = [failure[0] if isinstance(failure, tuple) else failure for failure in getattr(err, "failures", {}).values()]
+    if any(isinstance(f, KeyboardInterrupt) for f in failures):
+        return KeyboardInterrupt()
+    cause = failures[0] if failures else err
+    return CheckpointError(f"{what} ({type(cause).__name__}: {cause})")
 
 
 def _write_json(path: Path, document: dict) -> None:
@@ -144,7 +172,7 @@ def _manifest(folder: Path) -> dict[str, dict]:
 
 def _prune(root: Path, keep: int) -> None:
     for _, path in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
+        _discard(path)
 
 
 # -- finding and reading --------------------------------------------------------------------
@@ -298,6 +326,8 @@ def _dcp_load(folder: Path, prefixes: tuple[str, ...] | None) -> dict[str, torch
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(target, storage_reader=reader, no_dist=True)
+    except _dcp_exception() as err:
+        raise _unwrap(err, f"{folder}: tensors unreadable") from None
     except Exception as err:
         raise CheckpointError(f"{folder}: tensors unreadable ({type(err).__name__}: {err})") from None
     return target

@@ -127,7 +127,9 @@ class PPOConfig(BaseModel):
     output_dir: str = Field("runs/hybridflow", description="Where metrics, drawings, traces and checkpoints go.")
     log_every: int = Field(1, ge=1, description="Print metrics to the console every this many steps.")
     # -- checkpoints and resumption -------------------------------------------
-    resume: str = Field("auto", description="'auto': continue from the newest complete checkpoint in output_dir/checkpoints (a fresh start when there is none); 'never': start fresh (an error if output_dir holds checkpoints); or the path of one checkpoint folder.")
+    resume: str = Field("auto", description="'auto': continue from the newest complete checkpoint in output_dir/checkpoints (a fresh start when there is none); 'never': start fresh (an error if output_dir holds checkpoints, unless overwrite=true); or the path of one checkpoint folder.")
+    overwrite: bool = Field(False, description="With resume='never': delete the checkpoints an earlier run left in output_dir/checkpoints and start fresh (False: such a folder is an error, so that no run is lost by mistake).")
+    save_on_interrupt: bool = Field(True, description="On a first SIGINT (Ctrl-C) or SIGTERM, finish the current step and checkpoint it before stopping, whatever save_freq says (False: stop without a checkpoint).")
     keep_checkpoints: int = Field(3, ge=1, description="Keep the newest this many checkpoints; older ones are deleted after each save.")
     max_nan_steps: int = Field(3, ge=1, description="Abort after this many steps in a row whose update skipped a mini-batch for a non-finite loss or gradient norm.")
     max_restarts: int = Field(0, ge=0, description="executor='ray': how many times a run whose worker process died recreates the worker group and continues from its newest checkpoint (needs save_freq > 0); 0: the error ends the run.")
@@ -179,6 +181,9 @@ class PPOConfig(BaseModel):
     def _sizes_agree(self) -> "PPOConfig":
         if self.batch_size and self.micro_batch_size and self.micro_batch_size > self.batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must not exceed batch_size ({self.batch_size})")
+        if self.overwrite and self.resume != "never":
+            raise ValueError(f"overwrite=true deletes an earlier run's checkpoints and so needs resume='never' "
+                             f"(resume is {self.resume!r}); set resume=never, or drop overwrite to keep them")
         return self
 
 
@@ -198,7 +203,7 @@ ROLE_SOURCE_FIELDS: dict[str, str] = {"cost_fn": "cost", "cost_model_name": "cos
 RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
-    "max_restarts",
+    "max_restarts", "overwrite", "save_on_interrupt",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

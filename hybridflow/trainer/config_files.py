@@ -11,7 +11,7 @@ A run file is a flat mapping of :class:`PPOConfig` fields plus one more key, ``a
 Overrides are ``key=value`` with the value read as YAML (``actor_lr=3e-4``, ``trackers=[console]``,
 ``reward_model_name=null``); ``key.sub=value`` sets one entry of a mapping field
 (``device_map.actor=cuda:0``) or one field of a settings record
-(``actor_lr_schedule.name=cosine``). An unknown key, a sub-key of a field that is not a mapping,
+(``actor_lr_schedule.name=cosine``). A key given twice in the file, an unknown key, a sub-key of a field that is not a mapping,
 or a value of the wrong type is a ConfigError naming the field path.
 """
 from __future__ import annotations
@@ -33,13 +33,40 @@ ALGORITHM_KEY = "algorithm"
 DEFAULT_ALGORITHM = "ppo"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (not the last value silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice (first at line {first.line + 1}); keep one",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """The mapping in a YAML file; ConfigError for a missing file, a syntax error (with its line) or a non-mapping."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                          "save it as UTF-8") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -68,7 +95,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     if path[0] not in PPOConfig.model_fields and path[0] != ALGORITHM_KEY:
         raise _unknown(path[0], f"override {item!r}")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = _load_yaml(text) if text.strip() else ""
     except yaml.YAMLError as err:
         raise ConfigError(f"override {item!r}: the value is not valid YAML ({err})") from None
     target = data

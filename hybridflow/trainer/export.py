@@ -19,8 +19,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, r
 
     from ..data import load_tokenizer
     from ..errors import CheckpointError
+    from ..errors import OutputDirError
     from .checkpoint import read_checkpoint, resolve_checkpoint
 
+    if Path(to).exists() and not Path(to).is_dir():
+        raise OutputDirError(f"--to {str(to)!r} is an existing file; give a folder to write the model into "
+                             "(a new one, or one to add the model files to)")
     path = resolve_checkpoint(checkpoint)
     policies = sorted(p.name for p in (path / "hf").iterdir()) if (path / "hf").is_dir() else []
     if not policies:

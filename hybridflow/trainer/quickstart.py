@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the quickstart always starts fresh
     settings = {**QUICKSTART, "max_steps": args.steps}
-    config = PPOConfig(**settings, seed=args.seed, output_dir=str(out), save_freq=args.steps, resume="never",
+    config = PPOConfig(**settings, seed=args.seed, output_dir=str(out), save_freq=args.steps, resume="never", overwrite=True,
                        num_threads=args.threads, max_time_s=args.time_budget or None)
     shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     print("hybridflow quickstart: the seed article's minimal PPO on CPU — a tiny random-weight model learns "

@@ -2,8 +2,8 @@
 
 ``resume="auto"`` continues from the newest checkpoint under ``<output_dir>/checkpoints``
 that verifies (corrupt or partial ones are skipped with a warning), or starts fresh when
-there is none; ``"never"`` starts fresh and removes the checkpoints an earlier run left
-there; any other value is the path of one checkpoint folder, which must verify.
+there is none; ``"never"`` starts fresh, and refuses a folder that holds checkpoints unless
+``overwrite=True`` (then they are deleted); any other value is the path of one checkpoint folder, which must verify.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, OutputDirError
 from .checkpoint import CHECKPOINTS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint, save_checkpoint
 from .config import RUN_CONTROL_FIELDS, config_hash
 from .run_state import capture_json, capture_tensors, restore
@@ -21,7 +21,7 @@ from .run_state import capture_json, capture_tensors, restore
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["save_run", "resume_run", "resume_newest", "trained_engines", "rollout_engines"]
+__all__ = ["save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_engines", "rollout_engines"]
 
 log = logging.getLogger("hybridflow.trainer")
 
@@ -71,7 +71,7 @@ def _check_compatible(trainer: "Trainer", found: LoadedCheckpoint) -> None:
     saved_algorithm = found.state.get("algorithm")
     if saved_algorithm != trainer.algorithm:
         raise CheckpointError(f"{found.path} was written by a {saved_algorithm} run; this trainer runs "
-                              f"{trainer.algorithm}. Use another output_dir, or resume='never' to start over")
+                              f"{trainer.algorithm}. Use another output_dir, or resume='never' overwrite=true to start over")
     if found.state.get("config_hash") != config_hash(trainer.config):
         saved = found.state.get("config", {})
         now = trainer.config.model_dump(mode="json")
@@ -80,13 +80,29 @@ def _check_compatible(trainer: "Trainer", found: LoadedCheckpoint) -> None:
                     found.path, ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed))
 
 
+def check_fresh_start(trainer: "Trainer") -> None:
+    """resume='never' on a folder with checkpoints and without overwrite=true: OutputDirError, nothing deleted.
+
+    Called before the models load, so that the mistake costs no time.
+    """
+    root = trainer.output_dir / CHECKPOINTS
+    stale = list_checkpoints(root) if trainer.config.resume == "never" else []
+    if stale and not trainer.config.overwrite:
+        raise OutputDirError(
+            f"resume='never' but {root} holds {len(stale)} checkpoint(s) of an earlier run (newest: "
+            f"{stale[-1][1].name}); nothing was deleted. Use a new output_dir, resume='auto' to continue that "
+            "run, or overwrite=true to delete its checkpoints and start fresh")
+
+
 def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
     mode = trainer.config.resume
     root = trainer.output_dir / CHECKPOINTS
     if mode == "never":
+        check_fresh_start(trainer)
         stale = list_checkpoints(root)
         if stale:
-            log.warning("resume='never': removing %d checkpoint(s) of an earlier run in %s", len(stale), root)
+            log.warning("resume='never' overwrite=true: removing %d checkpoint(s) of an earlier run in %s",
+                        len(stale), root)
             shutil.rmtree(root)
         return None
     if mode == "auto":

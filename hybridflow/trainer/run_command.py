@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_arguments", "run", "field_table"]
+from .interrupt import exit_code
+
+__all__ = ["add_arguments", "run", "field_table", "stopped_status"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..errors import ConfigError
     from .config_files import load_run_config
+    from .interrupt import StopRequest
     from .run_report import quiet_libraries, summary_lines, write_artifacts
     from .trainer import Trainer
 
@@ -59,6 +62,21 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     trainer = Trainer(config, algorithm=algorithm)
     trainer.train()
-    artifacts = write_artifacts(trainer)
-    print("\n".join(summary_lines(trainer, time.perf_counter() - start, artifacts)))
-    return 0
+    with StopRequest("writing the trace and the summary") as late:  # a signal now must not lose them
+        artifacts = write_artifacts(trainer)
+        print("\n".join(summary_lines(trainer, time.perf_counter() - start, artifacts)), flush=True)
+    return stopped_status(trainer, late, "run")
+
+
+def stopped_status(trainer, late, command: str) -> int:
+    """0, or 128 + the signal's number (with a line on stderr) when SIGINT/SIGTERM stopped the run."""
+    import signal
+    import sys
+
+    name = trainer.stop_signal or late.name
+    if name is None:
+        return 0
+    saved = f"; checkpoint {trainer.last_checkpoint}" if trainer.last_checkpoint is not None else ""
+    print(f"hybridflow {command}: stopped by {name} after step {trainer.step} of {trainer.config.max_steps}{saved} "
+          "(run it again with resume=auto to continue)", file=sys.stderr, flush=True)
+    return exit_code(signal.Signals[name])

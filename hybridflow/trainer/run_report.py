@@ -88,6 +88,8 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
     lines = [f"done: {trainer.step} steps of {trainer.algorithm} in {wall_s:.1f} s"]
     if trainer.out_of_time:
         lines[0] += f" (stopped at step {trainer.step} of {cfg.max_steps}: max_time_s={cfg.max_time_s:g} reached)"
+    if trainer.stop_signal:
+        lines[0] += f" (stopped by {trainer.stop_signal} at step {trainer.step} of {cfg.max_steps}; resume='auto' continues)"
     vals = validation_history(trainer)
     if vals:
         first, last = vals[min(vals)], vals[max(vals)]

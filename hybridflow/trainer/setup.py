@@ -4,11 +4,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, GraphValidationError
 from ..graph import Graph
 from .config import GRAPH_ATTRS, ROLE_SOURCE_FIELDS, PPOConfig
 
-__all__ = ["actor_source", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
+__all__ = ["actor_source", "check_devices", "check_trainable", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
            "ignored_fields", "ignored_role_fields", "BUILTIN_RESPONSE_LENGTH"]
 
 log = logging.getLogger("hybridflow.trainer")
@@ -116,3 +116,35 @@ def ignored_fields(config: PPOConfig, defaults: dict) -> list[str]:
 def ignored_role_fields(config: PPOConfig, role_kinds: set[str]) -> dict[str, str]:
     """Role-source fields the user set (field -> role kind) for a kind of role the algorithm does not have."""
     return {f: kind for f, kind in ROLE_SOURCE_FIELDS.items() if f in config.model_fields_set and kind not in role_kinds}
+
+
+def check_devices(device_map: dict[str, str]) -> None:
+    """Every device named in ``device_map`` exists on this machine: ConfigError naming the role and device otherwise."""
+    import torch
+
+    for role, device in device_map.items():
+        kind, _, index = device.partition(":")
+        if kind == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if count == 0:
+                raise ConfigError(f"device_map.{role}={device}: this machine has no CUDA device (torch sees none"
+                                  f"{'' if torch.backends.cuda.is_built() else '; this torch is built without CUDA'}); "
+                                  f"use device_map.{role}=cpu, or run on a machine with a GPU")
+            if index and int(index) >= count:
+                raise ConfigError(f"device_map.{role}={device}: this machine has {count} CUDA device(s), "
+                                  f"cuda:0..cuda:{count - 1}; pick one of those")
+        elif kind == "mps" and not torch.backends.mps.is_available():
+            raise ConfigError(f"device_map.{role}=mps: the MPS backend is not available here; use cpu")
+
+
+def check_trainable(graph: Graph) -> None:
+    """A graph trained by the Trainer must update some role: GraphValidationError otherwise.
+
+    (A graph without an update node is valid to draw, compile or simulate; training it would
+    spend every step changing no weights.)
+    """
+    if not any(node.kind == "update" for node in graph.nodes):
+        raise GraphValidationError(
+            f"graph {graph.name!r} has no update node, so training it would change no weights",
+            hint="add an update node for the policy (and critic) to the algorithm, or use `hybridflow viz` / "
+                 "`compile` to inspect a graph without training it")

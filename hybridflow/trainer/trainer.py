@@ -27,6 +27,7 @@ from .algorithm_state import AlgorithmState
 from .config import GRAPH_ATTRS, PPOConfig
 from .metrics import Tracker, nan_streak, timing_metrics
 from .progress import StepProgress
+from .run_lock import RunLock
 
 __all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer",
            "VAL_SEED_OFFSET"]
@@ -72,6 +73,10 @@ class Trainer:
         self._nan_streak = 0
         self.out_of_time = False
         self.target_reached = False
+        self.stop_signal: str | None = None
+        """'SIGINT' or 'SIGTERM' when a signal stopped the last train() early (see :mod:`.interrupt`)."""
+        self._saved_step = 0
+        self._lock = RunLock(self.output_dir)
 
     # -- wiring ------------------------------------------------------------------------
     def set_reward_model(self, reward: Any) -> None:
@@ -113,7 +118,8 @@ class Trainer:
         from ..data import PromptDataset, PromptLoader, load_tokenizer
         from ..runtime.local import LocalExecutor
         from .progress import PhaseRecorder
-        from .setup import actor_source, check_batch_sizes, load_rows, response_length
+        from .resume import check_fresh_start
+        from .setup import actor_source, check_batch_sizes, check_devices, check_trainable, load_rows, response_length
         from .trackers import build_trackers
 
         cfg = self.config
@@ -121,11 +127,14 @@ class Trainer:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        check_fresh_start(self)
+        check_devices(cfg.device_map)
         self.actor_path = actor_source(cfg, self.output_dir)
         self.tokenizer = load_tokenizer(self.actor_path)
         self.train_rows, self.val_rows = load_rows(cfg)
         self.max_response_length = response_length(cfg)
         self.graph = self.build_graph()
+        check_trainable(self.graph)
         check_batch_sizes(self.graph, cfg)
         self.plan = plan_local(self.graph, self._device_map(self.graph))
         (self.output_dir / "plan.json").write_text(self.plan.to_json())
@@ -191,52 +200,97 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
-        """Run up to ``max_steps`` steps; returns the metrics of the steps run (also sent to the trackers)."""
-        if self.executor is None:
-            self._prepare()
+        """Run up to ``max_steps`` steps; returns the metrics of the steps run (also sent to the trackers).
+
+        The output folder is locked for the duration (:mod:`.run_lock`: a second run on it is an
+        OutputDirError). A first SIGINT/SIGTERM ends the run after the current step, with a checkpoint
+        unless ``save_on_interrupt=False``; ``stop_signal`` then names it (see :mod:`.interrupt`).
+        """
+        from .interrupt import StopRequest
+        from .run_lock import remove_stale_temp
+
+        with StopRequest() as stop, self._lock:
+            remove_stale_temp(self.output_dir)
+            self.stop_signal = None
+            if self.executor is None:
+                self._prepare()
+            self._loop(stop)
+        return self.history
+
+    def _loop(self, stop) -> None:
         cfg = self.config
         self.progress = StepProgress(cfg.max_steps, self.step, enabled=cfg.progress_bar)
         deadline = time.monotonic() + cfg.max_time_s if cfg.max_time_s else float("inf")
+        self._saved_step = self.step  # 0, or the step of the checkpoint resumed from
         try:
-            if self.step == 0:
+            if self.step == 0 and not stop.requested:
                 self._log(self._validate_with_progress(), 0)
-            first, restarts = self.step, 0
-            while self.step < cfg.max_steps:
+            first, restarts, lost = self.step, 0, None
+            while self.step < cfg.max_steps and not stop.requested:
                 self.step += 1
                 try:
                     metrics = self.train_step(self.loader.next_batch())
                 except WorkerLostError as err:
+                    if stop.requested:  # the signal reached the workers too: the step is abandoned
+                        self.step, lost = self.step - 1, err
+                        break
                     restarts = self._recover(err, restarts)
                     del self.history[max(0, self.step - first):]
                     continue
-                self.out_of_time = time.monotonic() >= deadline and self.step < cfg.max_steps
-                last = self.step == cfg.max_steps or self.out_of_time
-                if last or (cfg.eval_freq and self.step % cfg.eval_freq == 0):
-                    metrics.update(self._validate_with_progress())
-                    target = cfg.stop_at_val_score
-                    self.target_reached = target is not None and metrics["val/score/greedy"] >= target
-                    last = last or self.target_reached
-                self._nan_streak = nan_streak(metrics, self.step, self._nan_streak, cfg.max_nan_steps)
-                self.history.append(metrics)
-                self.progress.step_done(metrics)
-                self._log(metrics, self.step)
-                if cfg.save_freq and (last or self.step % cfg.save_freq == 0):
-                    self.save_checkpoint()
-                if self.target_reached:
-                    log.warning("val/score/greedy=%.3f reached stop_at_val_score=%g: stopping after step %d",
-                                metrics["val/score/greedy"], cfg.stop_at_val_score, self.step)
+                if self._end_of_step(metrics, deadline, stop):
                     break
-                if self.out_of_time:
-                    log.warning("max_time_s=%g reached: stopping after step %d of %d (resume='auto' continues)",
-                                cfg.max_time_s, self.step, cfg.max_steps)
-                    break
+            if stop.requested:
+                self._stop_on_signal(stop, lost)
         finally:
             self.progress.close()
             self.progress = None
             for tracker in self._trackers or ():
                 tracker.close()
             self._trackers = []
-        return self.history
+
+    def _end_of_step(self, metrics: dict[str, float], deadline: float, stop) -> bool:
+        """Validate (when due), log and checkpoint (when due) the step just run; True when it ends the run."""
+        cfg = self.config
+        stop.check()
+        self.out_of_time = time.monotonic() >= deadline and self.step < cfg.max_steps
+        last = self.step == cfg.max_steps or self.out_of_time
+        if not stop.requested and (last or (cfg.eval_freq and self.step % cfg.eval_freq == 0)):
+            metrics.update(self._validate_with_progress())
+            target = cfg.stop_at_val_score
+            self.target_reached = target is not None and metrics["val/score/greedy"] >= target
+            last = last or self.target_reached
+        self._nan_streak = nan_streak(metrics, self.step, self._nan_streak, cfg.max_nan_steps)
+        self.history.append(metrics)
+        self.progress.step_done(metrics)
+        self._log(metrics, self.step)
+        if cfg.save_freq and (last or self.step % cfg.save_freq == 0):
+            stop.check()
+            self.save_checkpoint()
+        if self.target_reached:
+            log.warning("val/score/greedy=%.3f reached stop_at_val_score=%g: stopping after step %d",
+                        metrics["val/score/greedy"], cfg.stop_at_val_score, self.step)
+        elif self.out_of_time:
+            log.warning("max_time_s=%g reached: stopping after step %d of %d (resume='auto' continues)",
+                        cfg.max_time_s, self.step, cfg.max_steps)
+        return last
+
+    def _stop_on_signal(self, stop, lost: WorkerLostError | None) -> None:
+        """The run was asked to stop: checkpoint the last finished step (unless saved or save_on_interrupt=False)."""
+        self.stop_signal = stop.name
+        stop.check()
+        if lost is not None:  # no engines left to save from
+            log.warning("%s: the workers were stopped too (%s); step %d abandoned without a checkpoint, resume='auto' "
+                        "continues from the newest one", stop.name, lost, self.step + 1)
+            return
+        if self.config.save_on_interrupt and self.step != self._saved_step:
+            self.save_checkpoint()
+        if self.step == self._saved_step and self.step > 0:
+            where = f"; resume='auto' continues from the checkpoint of step {self.step}"
+        elif self.step > self._saved_step:
+            where = " without a checkpoint of it (save_on_interrupt=False)"
+        else:
+            where = ""
+        log.warning("%s: stopped after step %d of %d%s", stop.name, self.step, self.config.max_steps, where)
 
     def _recover(self, err: WorkerLostError, used: int) -> int:
         """A fresh worker group with the newest checkpoint loaded; returns the restarts used (re-raises past max)."""
@@ -315,6 +369,7 @@ class Trainer:
         if self.progress is not None:
             self.progress.phase("save checkpoint")
         self.last_checkpoint = save_run(self)
+        self._saved_step = self.step
         return self.last_checkpoint
 
     def _resume(self) -> None:

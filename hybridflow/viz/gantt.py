@@ -91,6 +91,12 @@ def trace_rows(trace: dict, iteration: int | None = None) -> tuple[list[Row], in
     """Rows of one iteration of a real run's Chrome trace (default: the last), times shifted to start at 0."""
     names, events = _trace_events(trace)
     iterations = sorted({e.get("args", {}).get("iteration") for e in events} - {None})
+    if iteration is not None and iteration not in iterations:
+        from ..errors import TraceError
+
+        held = f"iterations {iterations[0]}..{iterations[-1]}" if iterations else "no iteration numbers"
+        raise TraceError(f"--iteration {iteration}: the trace holds {held}; pick one of those "
+                         "(or leave --iteration out for the last)")
     chosen = iteration if iteration is not None else (iterations[-1] if iterations else None)
     if chosen is not None:
         events = [e for e in events if e.get("args", {}).get("iteration", chosen) == chosen]

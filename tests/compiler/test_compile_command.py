@@ -1,6 +1,7 @@
 """`hybridflow compile` and `hybridflow simulate`: outputs, files, and errors as messages with exit code 1."""
 from __future__ import annotations
 
+import json
 import re
 
 from hybridflow.algorithms import ALGORITHMS
@@ -61,3 +62,13 @@ def test_simulate_prints_one_row_per_model_and_size(capsys):
     assert "automatic placements" not in capsys.readouterr().out
     assert main(["simulate", "ppo", "--gpus", "12"]) == 1
     assert "neither whole nodes" in capsys.readouterr().err
+
+
+def test_compile_validates_a_graph_file_as_the_dsl_does(tmp_path, capsys):
+    doc = json.loads(ALGORITHMS["grpo"].build().to_json())
+    node = next(n for n in doc["nodes"] if n["kind"] == "compute")
+    node["role"] = "ghost"
+    path = tmp_path / "ghost.json"
+    path.write_text(json.dumps(doc))
+    assert main(["compile", str(path), "-o", str(tmp_path / "plan.json")]) == 1
+    assert f"node {node['name']!r}" in capsys.readouterr().err

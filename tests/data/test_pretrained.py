@@ -35,7 +35,7 @@ def test_hub_name_while_offline_says_the_hub_cannot_be_reached(loader, monkeypat
 
 
 def test_folder_without_model_files_is_a_load_error(tmp_path):
-    with pytest.raises(ModelLoadError, match="could not load a causal LM from folder"):
+    with pytest.raises(ModelLoadError, match="holds no model: no config.json"):
         load_causal_lm(tmp_path)
 
 

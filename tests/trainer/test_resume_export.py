@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from hybridflow.errors import CheckpointError
+from hybridflow.errors import CheckpointError, ConfigError, OutputDirError
 from hybridflow.trainer import PPOTrainer, SafeRLHFTrainer, Trainer
 from hybridflow.trainer.metrics import JsonlTracker
 
@@ -72,11 +72,24 @@ def test_resume_refuses_another_algorithm(fast_config, tmp_path):
         Trainer(fast_config(max_steps=2, save_freq=1), algorithm="grpo").train()
 
 
-def test_resume_never_starts_over(fast_config, tmp_path):
+def test_resume_never_refuses_a_folder_with_checkpoints_and_deletes_nothing(fast_config, tmp_path):
     PPOTrainer(config=fast_config(max_steps=2, save_freq=1)).train()
-    trainer = PPOTrainer(config=fast_config(max_steps=1, save_freq=1, resume="never"))
+    with pytest.raises(OutputDirError, match=r"holds 2 checkpoint\(s\).*nothing was deleted.*new output_dir.*"
+                                             r"resume='auto'.*overwrite=true"):
+        PPOTrainer(config=fast_config(max_steps=1, save_freq=1, resume="never")).train()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]
+
+
+def test_resume_never_with_overwrite_starts_over(fast_config, tmp_path):
+    PPOTrainer(config=fast_config(max_steps=2, save_freq=1)).train()
+    trainer = PPOTrainer(config=fast_config(max_steps=1, save_freq=1, resume="never", overwrite=True))
     assert len(trainer.train()) == 1 and trainer.resumed_from is None
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000001"]
+
+
+def test_overwrite_needs_resume_never(fast_config):
+    with pytest.raises(ConfigError, match="overwrite=true .* needs resume='never'"):
+        fast_config(overwrite=True)
 
 
 def test_export_generates_the_same_tokens_as_the_trained_actor(fast_config, tmp_path, capsys):

@@ -66,3 +66,32 @@ def test_viz_errors_are_messages(tmp_path, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["viz", "grpo", "--set", "beam=2"]) == 1
     assert "no attribute beam" in capsys.readouterr().err
+
+
+def _graph_with_an_undeclared_role(tmp_path):
+    doc = json.loads(ALGORITHMS["grpo"].build().to_json())
+    node = next(n for n in doc["nodes"] if n["kind"] == "compute")
+    node["role"] = "ghost"
+    path = tmp_path / "ghost.json"
+    path.write_text(json.dumps(doc))
+    return path, node["name"]
+
+
+def test_viz_draws_an_invalid_graph_but_fails_with_the_dsl_s_error(tmp_path, capsys):
+    path, node = _graph_with_an_undeclared_role(tmp_path)
+    assert main(["viz", str(path), "-o", str(tmp_path / "ghost")]) == 1
+    captured = capsys.readouterr()
+    assert f"node {node!r}" in captured.err and "ghost" in captured.err
+    assert "the graph is invalid" in captured.out and (tmp_path / "ghost.dot").is_file()
+
+
+def test_viz_checks_a_plan_before_drawing_it(tmp_path, capsys):
+    from hybridflow.compiler.local_plan import plan_local
+
+    graph = ALGORITHMS["grpo"].build()
+    doc = json.loads(plan_local(graph, {r.name: "cpu" for r in graph.roles}).to_json())
+    dropped = doc["placements"].pop()["role"]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    assert main(["viz", str(path), "-o", str(tmp_path / "plan")]) == 1
+    assert f"role {dropped!r} is placed 0 times" in capsys.readouterr().err
