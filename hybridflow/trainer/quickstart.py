@@ -9,7 +9,6 @@ its drawing, the trace and the final checkpoint were written.
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 __all__ = ["QUICKSTART", "add_arguments", "run"]
@@ -60,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     quiet_libraries()
     out = Path(args.out)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the quickstart always starts fresh
     settings = {**QUICKSTART, "max_steps": args.steps}
-    config = PPOConfig(**settings, seed=args.seed, output_dir=str(out), save_freq=args.steps, resume="never", overwrite=True,
-                       num_threads=args.threads, max_time_s=args.time_budget or None)
+    # the quickstart always starts fresh: overwrite=True deletes an earlier run's checkpoints, under the run's lock
+    config = PPOConfig(**settings, seed=args.seed, output_dir=str(out), save_freq=args.steps, resume="never",
+                       overwrite=True, num_threads=args.threads, max_time_s=args.time_budget or None)
     shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     print("hybridflow quickstart: the seed article's minimal PPO on CPU — a tiny random-weight model learns "
           "'a+b=' (reward 1 for the exact sum, then EOS)\n"
