@@ -27,6 +27,7 @@ from .algorithm_state import AlgorithmState
 from .config import GRAPH_ATTRS, PPOConfig
 from .metrics import Tracker, nan_streak, timing_metrics
 from .progress import StepProgress
+from .seeds import stream_seed
 from .run_lock import RunLock
 
 __all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer",
@@ -155,7 +156,7 @@ class Trainer:
         """How to build each role's engines from the config."""
         cfg = self.config
         sampling = SamplingParams(n=1, max_new_tokens=self.max_response_length, temperature=cfg.temperature,
-                                  top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
+                                  top_p=cfg.top_p, top_k=cfg.top_k, seed=stream_seed(cfg.seed, "rollout"))
         common = dict(max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay,
                       betas=cfg.adam_betas,
                       ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,

@@ -4,7 +4,8 @@ The two ranks each hold half the batch (7 rows: one padding row with an all-zero
 compute their losses with the global token counts, and sum their gradients; with
 two epochs of one mini-batch and micro-batches of two rows, the loss, the gradient
 norm and the new weights must equal those of one TrainEngine on the whole batch
-(fp32, up to float rounding: <= 1e-5).
+(fp32, up to float rounding: <= 1e-5, and weights within 1% of the learning rate after two
+Adam steps, which amplify rounding in near-zero gradients).
 """
 from __future__ import annotations
 
@@ -50,7 +51,10 @@ def test_dp2_fsdp_update_equals_dp1(ray_cluster):
         state = remote.state_dict()  # full tensors gathered from the shards on rank 0
     weights = single.module.state_dict()
     assert state["model"].keys() == weights.keys()
-    assert max(float((state["model"][k] - weights[k]).abs().max()) for k in weights) <= 1e-5
+    # Adam divides by sqrt(v) + eps: for a weight whose gradient is near eps (a token seen once), a float
+    # rounding difference in the gradient moves the step by a sizeable part of lr (1e-2). So the weights
+    # get 1% of lr; the gradients themselves are compared through Adam's first moment just below (1e-6).
+    assert max(float((state["model"][k] - weights[k]).abs().max()) for k in weights) <= 1e-4
     # The optimizer state uses the plain optimizer's parameter indices: it loads into a dp=1 engine.
     own = single.state_dict()["optimizer"]
     assert state["optimizer"]["state"].keys() == own["state"].keys()
