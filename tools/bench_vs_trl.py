@@ -2,6 +2,7 @@
 
     python tools/bench_vs_trl.py learn [--seeds 0 1 2] [--steps 300] [--prompts 50] [--group 16]
                                        [--eval-every 25] [--out runs/bench_vs_trl] ...
+    python tools/bench_vs_trl.py speed [--steps 20] [--rounds 2] [--threads 1] ...
 
 Learning mode (``learn``): for each seed, one model folder made by hybridflow (the
 built-in task's tiny model: random weights + the 40-step format warm-up on wrong
@@ -28,6 +29,12 @@ length (EOS included), mean reward, learning rate; greedy accuracy on all 100 pr
 every ``--eval-every`` steps with the same code on both sides. Printed: per seed, the
 accuracy of both at each evaluation, counts of gradient norms above 1, the largest, and
 entropy / length / reward over the last 10 steps; then the mean over seeds.
+
+Speed mode (``speed``): both frameworks on the same model folder, prompts, reward rule,
+group size, lengths, learning rate and thread count, run alternately for ``--rounds``
+rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skipping on, then
+off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
+out), response tokens per second, peak RSS of the run's process, and ratios to TRL.
 
 ``--hf-variant`` / ``--trl-variant`` take JSON switches for diagnosis runs (see the
 runners' docstrings), and ``--tag`` names such a run's files. Records that exist are
@@ -182,6 +189,46 @@ def learn(args) -> dict:
     return summary
 
 
+# ----------------------------------------------------------------------------- speed mode
+
+def speed(args) -> dict:
+    import tempfile
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = make_model(out / f"model_seed{args.seed}", args.seed, args.threads)
+    trl_python = str(ensure_trl_venv(Path(args.trl_venv)))
+    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", {}),
+             "hybridflow_noskip": (sys.executable, "hybridflow_runner.py", {"train": {"skip_vanishing_rows": False}}),
+             "trl": (trl_python, "trl_runner.py", {})}
+    base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
+                     group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads)
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    tokens: dict[str, list[float]] = {side: [] for side in sides}
+    rss: dict[str, float] = {side: 0.0 for side in sides}
+    with tempfile.TemporaryDirectory(dir=out) as scratch:
+        for r in range(args.rounds):
+            for side, (python, runner, variant) in sides.items():
+                print(f"round {r + 1}: {side} ...", flush=True)
+                record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True)
+                steps = record["steps"][args.skip:]
+                times[side] += [s["time_s"] for s in steps]
+                tokens[side] += [args.prompts * args.group * s["response_length"] / s["time_s"] for s in steps]
+                rss[side] = max(rss[side], record["peak_rss_mb"])
+    result = {side: {"s_per_step": statistics.median(times[side]), "tokens_per_s": statistics.median(tokens[side]),
+                     "peak_rss_mb": rss[side]} for side in sides}
+    ref = result["trl"]
+    print(f"\n{args.prompts} prompts x {args.group}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps "
+          f"(first {args.skip} of each left out)")
+    print(f"  {'':18}{'s/step':>10}{'tokens/s':>12}{'peak RSS MB':>13}{'speed vs TRL':>14}")
+    for side, r in result.items():
+        print(f"  {side:18}{r['s_per_step']:10.3f}{r['tokens_per_s']:12.0f}{r['peak_rss_mb']:13.0f}"
+              f"{ref['s_per_step'] / r['s_per_step']:13.2f}x")
+    (out / "speed.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
+                                               indent=1))
+    return result
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     modes = parser.add_subparsers(dest="mode", required=True)
@@ -204,8 +251,19 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
     p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
     p.add_argument("--fresh", action="store_true", help="rerun runs whose record exists")
+    p = modes.add_parser("speed", help="seconds per step, tokens/s and peak RSS of both, alternating")
+    p.add_argument("--seed", type=int, default=0, help="the model folder's seed")
+    p.add_argument("--steps", type=int, default=20, help="steps per run")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds (each runs every side once)")
+    p.add_argument("--skip", type=int, default=2, help="first steps of a run left out of the medians")
+    p.add_argument("--prompts", type=int, default=50, help="prompts per step")
+    p.add_argument("--group", type=int, default=16, help="responses per prompt")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
+    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
     args = parser.parse_args(argv)
-    learn(args)
+    (learn if args.mode == "learn" else speed)(args)
 
 
 if __name__ == "__main__":

@@ -132,8 +132,11 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer, rows: Sequence[dict], max
 
 def write_record(path: str | Path, *, framework: str, config: RunConfig, steps: list[dict], evals: list[dict],
                  wall_s: float, extra: dict | None = None) -> None:
-    """Write one run's record: per-step metrics, evaluations, wall time."""
+    """Write one run's record: per-step metrics, evaluations, wall time, this process's peak RSS."""
+    import resource
+
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     record = {"framework": framework, "config": asdict(config), "steps": steps, "evals": evals, "wall_s": wall_s,
-              **(extra or {})}
+              "peak_rss_mb": peak_rss_mb, **(extra or {})}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=1))

@@ -12,6 +12,7 @@ divided by the group std, no KL, no weight decay. ``variant`` switches of the Ru
 - ``config``: fields of PPOConfig to override (e.g. ``{"recompute_old_log_probs": true}``),
 - ``plain_logprobs``: true computes log-probs from the model's full logits instead of the fused
   lm_head op (hybridflow.runtime.engines.lm_logprobs falls back to it for non-linear heads),
+- ``sampling_seed``: seed of the rollout engine's sampling generator alone (default: the run's seed),
 - ``hf_generate``: true samples with transformers' ``model.generate`` (TRL's sampler, global RNG)
   instead of hybridflow's decode loop; the rollout log-probs then come from a full forward.
 """
@@ -103,6 +104,8 @@ def run(cfg: RunConfig) -> None:
             for spec in specs.values():
                 if spec.train is not None and train_overrides:
                     spec.train = spec.train.model_copy(update=train_overrides)
+                if spec.sampling is not None and "sampling_seed" in cfg.variant:
+                    spec.sampling = spec.sampling.model_copy(update={"seed": cfg.variant["sampling_seed"]})
             return specs
 
     settings = dict(
