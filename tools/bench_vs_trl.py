@@ -3,6 +3,7 @@
     python tools/bench_vs_trl.py learn [--seeds 0 1 2] [--steps 300] [--prompts 50] [--group 16]
                                        [--eval-every 25] [--out runs/bench_vs_trl] ...
     python tools/bench_vs_trl.py speed [--steps 20] [--rounds 2] [--threads 1] ...
+    python tools/bench_vs_trl.py replay [--seed 0] [--steps 60] ...
 
 Learning mode (``learn``): for each seed, one model folder made by hybridflow (the
 built-in task's tiny model: random weights + the 40-step format warm-up on wrong
@@ -35,6 +36,12 @@ group size, lengths, learning rate and thread count, run alternately for ``--rou
 rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skipping on, then
 off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
 out), response tokens per second, peak RSS of the run's process, and ratios to TRL.
+
+Replay mode (``replay``): one hybridflow run recorded step by step (batch, weights,
+gradient), then TRL's loss on each recorded batch at the recorded weights (relative
+gradient difference), and TRL's optimizer, training_step and clipping fed the recorded
+batches from step 0 (relative weight difference after each step): whether the two compute
+the same update, apart from what they sample.
 
 ``--hf-variant`` / ``--trl-variant`` take JSON switches for diagnosis runs (see the
 runners' docstrings), and ``--tag`` names such a run's files. Records that exist are
@@ -229,6 +236,30 @@ def speed(args) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------- replay mode
+
+def replay(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = make_model(out / f"model_seed{args.seed}", args.seed, args.threads)
+    trl_python = str(ensure_trl_venv(Path(args.trl_venv)))
+    cfg = RunConfig(model_dir=str(model_dir), out=str(out / f"replay_seed{args.seed}_hybridflow.json"), seed=args.seed,
+                    steps=args.steps, prompts=args.prompts, group=args.group, lr=args.lr, eval_every=10**9,
+                    threads=args.threads)
+    config, dump = out / f"replay_seed{args.seed}.config.json", out / f"replay_seed{args.seed}.pt"
+    cfg.save(config)
+    env = _env(args.threads)
+    subprocess.run([sys.executable, str(RUNNERS / "replay_hybridflow.py"), str(config), str(dump)], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = out / f"replay_seed{args.seed}.json"
+    done = subprocess.run([trl_python, str(RUNNERS / "replay_trl.py"), str(config), str(dump), str(result)], env=env,
+                          capture_output=True, text=True)
+    print(done.stdout)
+    if done.returncode:
+        raise SystemExit(f"replay_trl.py failed:\n{done.stderr[-3000:]}")
+    dump.unlink()  # large: weights and gradients of every step
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     modes = parser.add_subparsers(dest="mode", required=True)
@@ -262,8 +293,17 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
     p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
+    p = modes.add_parser("replay", help="TRL's loss and update on hybridflow's recorded batches")
+    p.add_argument("--seed", type=int, default=0, help="the model folder's and the run's seed")
+    p.add_argument("--steps", type=int, default=60, help="steps recorded")
+    p.add_argument("--prompts", type=int, default=50, help="prompts per step")
+    p.add_argument("--group", type=int, default=16, help="responses per prompt")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
+    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
     args = parser.parse_args(argv)
-    (learn if args.mode == "learn" else speed)(args)
+    {"learn": learn, "speed": speed, "replay": replay}[args.mode](args)
 
 
 if __name__ == "__main__":
