@@ -13,6 +13,8 @@ divided by the group std, no KL, no weight decay. ``variant`` switches of the Ru
 - ``plain_logprobs``: true computes log-probs from the model's full logits instead of the fused
   lm_head op (hybridflow.runtime.engines.lm_logprobs falls back to it for non-linear heads),
 - ``sampling_seed``: seed of the rollout engine's sampling generator alone (default: the run's seed),
+- ``sampling_skip``: draw this many numbers from the sampling generator before the first rollout
+  (the same seed, its stream shifted),
 - ``hf_generate``: true samples with transformers' ``model.generate`` (TRL's sampler, global RNG)
   instead of hybridflow's decode loop; the rollout log-probs then come from a full forward.
 """
@@ -80,6 +82,19 @@ def run(cfg: RunConfig) -> None:
         from hybridflow.runtime.engines import lm_logprobs
 
         lm_logprobs.plain_lm_head = lambda model: None
+    if cfg.variant.get("sampling_skip"):
+        from hybridflow.runtime.engines.rollout_hf import HFRolloutEngine
+
+        make_generator, skip = HFRolloutEngine._generator, int(cfg.variant["sampling_skip"])
+
+        def shifted_generator(self, seed):
+            fresh = seed is not None and seed not in self._generators
+            generator = make_generator(self, seed)
+            if fresh:
+                torch.rand(skip, generator=generator)
+            return generator
+
+        HFRolloutEngine._generator = shifted_generator
     if cfg.variant.get("hf_generate"):
         from hybridflow.runtime.engines import rollout_hf
 
