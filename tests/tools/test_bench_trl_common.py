@@ -1,0 +1,76 @@
+"""tools/bench_trl/common.py: the reward and greedy evaluation that both sides of tools/bench_vs_trl.py use
+must equal hybridflow's own (RuleRewardSource with unfinished_score=0, Trainer.validate's greedy score)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybridflow.data import create_tiny_model_dir, load_causal_lm, load_tokenizer, make_prompt_batch
+from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
+from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams
+from hybridflow.runtime.engines.rule_reward import RuleRewardSource
+from hybridflow_ops.rewards import default_compute_score
+
+COMMON = Path(__file__).resolve().parents[2] / "tools" / "bench_trl" / "common.py"
+
+
+@pytest.fixture(scope="module")
+def common():
+    spec = importlib.util.spec_from_file_location("bench_trl_common", COMMON)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return create_tiny_model_dir(tmp_path_factory.mktemp("tiny"), task="arithmetic", seed=3, hidden=32, layers=1,
+                                 heads=2, kv_heads=1)
+
+
+def test_rows_are_the_builtin_task(common):
+    ours = [(r["prompt"], r["ground_truth"]) for r in make_arithmetic_rows()]
+    assert [(r["prompt"], r["ground_truth"]) for r in common.arithmetic_rows()] == ours
+
+
+def test_exact_sum_score_equals_hybridflow_reward(common, model_dir):
+    tok = load_tokenizer(model_dir)
+    eos, pad, bos = tok.eos_token_id, tok.pad_token_id, tok.bos_token_id
+    digit = {c: tok.convert_tokens_to_ids(c) for c in "0123456789 "}
+    # (valid response tokens, ground truth): right answer, wrong, no EOS (cut), a <pad> / <bos> sampled
+    # inside, a space around the answer, EOS alone, two EOS (the first ends it)
+    cases = [([digit["7"], eos], "7"), ([digit["1"], digit["2"], eos], "12"), ([digit["7"], eos], "8"),
+             ([digit["1"], digit["2"], digit["3"]], "12"), ([digit["7"]], "7"), ([pad, digit["7"], eos], "7"),
+             ([digit["7"], pad, eos], "7"), ([bos, digit["7"], eos], "7"), ([digit[" "], digit["7"], eos], "7"),
+             ([eos], "0")]
+    width = 3
+    ids = torch.full((len(cases), width), pad)
+    mask = torch.zeros((len(cases), width))
+    for i, (row, _) in enumerate(cases):
+        ids[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = 1.0
+    source = RuleRewardSource(default_compute_score, tokenizer=tok, eos_token_ids=(eos,), unfinished_score=0.0)
+    batch = {"response_ids": ids, "response_mask": mask, "ground_truth": [t for _, t in cases],
+             "data_source": ["arithmetic"] * len(cases)}
+    ours = source.score(batch).scores.tolist()
+    theirs = [common.exact_sum_score(row, truth, tok, eos) for row, truth in cases]
+    assert theirs == ours
+    assert ours[:3] == [1.0, 1.0, 0.0] and ours[5:8] == [0.0, 0.0, 0.0]  # a sampled <pad> / <bos> scores 0
+
+
+def test_greedy_responses_equal_the_rollout_engines(common, model_dir):
+    tok, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
+    rows = make_arithmetic_rows()
+    engine = HFRolloutEngine(model, tokenizer=tok, sampling=SamplingParams(max_new_tokens=3, greedy=True))
+    greedy = engine.generate(make_prompt_batch(rows, tok))
+    ours = [ids[mask > 0].tolist() for ids, mask in zip(greedy["response_ids"], greedy["response_mask"])]
+    assert common.greedy_responses(model, tok, common.arithmetic_rows(), 3) == ours
+    source = RuleRewardSource(default_compute_score, tokenizer=tok, eos_token_ids=(tok.eos_token_id,),
+                              unfinished_score=0.0)
+    score = float(source.score(greedy).scores.mean())
+    assert common.greedy_accuracy(model, tok, common.arithmetic_rows(), 3) == pytest.approx(score)

@@ -1,0 +1,84 @@
+"""TRL's GRPO loss and update on hybridflow's recorded batches (tools/bench_trl/replay_hybridflow.py).
+
+    .venv-trl/bin/python tools/bench_trl/replay_trl.py RUN_CONFIG.json DUMP.pt OUT.json
+
+Two checks, printed and written to OUT.json:
+
+- gradient: at every recorded step, TRL's ``_compute_loss`` on hybridflow's batch at
+  hybridflow's weights, back-propagated; relative difference to hybridflow's gradient;
+- trajectory: TRL's own optimizer and schedule (``create_optimizer_and_scheduler``),
+  ``training_step`` and clipping, fed the recorded batches one after the other from the
+  step-0 weights; relative difference of its weights to hybridflow's after each step.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RunConfig, arithmetic_rows, load_tokenizer  # noqa: E402
+from trl_runner import grpo_args  # noqa: E402
+
+
+def _inputs(step: dict) -> tuple[dict, torch.Tensor]:
+    mask = step["response_mask"].long()
+    items = mask.sum().float()
+    return {"prompt_ids": step["prompt_ids"], "prompt_mask": step["prompt_mask"], "completion_ids": step["response_ids"],
+            "completion_mask": mask, "advantages": step["advantages"][:, 0], "num_items_in_batch": items}, items
+
+
+def _relative(a: dict, b: dict) -> float:
+    num = sum(float(((a[n] - b[n]) ** 2).sum()) for n in b) ** 0.5
+    den = sum(float((b[n] ** 2).sum()) for n in b) ** 0.5
+    return num / den if den else 0.0
+
+
+def main(config: str, dump: str, out: str) -> None:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    cfg, steps = RunConfig.load(config), torch.load(dump)
+    torch.set_num_threads(cfg.threads)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                          args=grpo_args(cfg, str(Path(out).with_suffix("")) + "_trl"),
+                          train_dataset=Dataset.from_list(arithmetic_rows()), processing_class=load_tokenizer(cfg.model_dir))
+    trainer.current_gradient_accumulation_steps = 1
+    model.train()
+    gradient = []
+    for step in steps:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(step["params"][n])
+        model.zero_grad()
+        trainer._compute_loss(model, _inputs(step)[0]).backward()
+        gradient.append(_relative({n: p.grad for n, p in model.named_parameters()}, step["grads"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(steps[0]["params"][n])
+    trainer.create_optimizer_and_scheduler(num_training_steps=len(steps))
+    trainer._prepare_inputs = lambda batch: batch  # the recorded batch, no generation
+    trajectory = []
+    for i, step in enumerate(steps):
+        trainer.optimizer.zero_grad()
+        inputs, items = _inputs(step)
+        trainer.training_step(model, inputs, items)
+        trainer.accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        if i + 1 < len(steps):
+            trajectory.append(_relative({n: p.detach() for n, p in model.named_parameters()}, steps[i + 1]["params"]))
+    print("step  |g_trl - g_hf|/|g_hf|  |w_trl - w_hf|/|w_hf| after the step")
+    for i, g in enumerate(gradient):
+        w = trajectory[i] if i < len(trajectory) else float("nan")
+        print(f"{i + 1:4d}  {g:20.2e}  {w:20.2e}")
+    print(f"largest gradient difference {max(gradient):.2e}")
+    Path(out).write_text(json.dumps({"gradient": gradient, "trajectory": trajectory}, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,105 @@
+"""TRL's side of tools/bench_vs_trl.py: one GRPOTrainer learning run, recorded step by step.
+
+Run inside the TRL virtual environment (never hybridflow's):
+    .venv-trl/bin/python tools/bench_trl/trl_runner.py RUN_CONFIG.json
+
+Imports nothing from hybridflow: the model folder, the settings and the shared task /
+reward / greedy-evaluation code (common.py, beside this file) come by path. The settings
+are made equal to hybridflow's GRPO recipe (see tools/bench_vs_trl.py for the list);
+``variant["args"]`` of the RunConfig overrides GRPOConfig fields for diagnosis
+experiments (e.g. ``{"bf16": true}`` for GRPOConfig's own default precision).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RunConfig, arithmetic_rows, exact_sum_score, greedy_accuracy, load_tokenizer, write_record  # noqa: E402
+
+# TRL log keys -> the record's names
+METRICS = {"grad_norm": "grad_norm", "entropy": "entropy", "completions/mean_length": "response_length",
+           "reward": "reward", "learning_rate": "lr", "clip_ratio/region_mean": "clipfrac"}
+
+
+def grpo_args(cfg: RunConfig, output_dir: str):
+    """GRPOConfig equal to hybridflow's recipe at ``cfg``'s settings."""
+    from trl import GRPOConfig
+
+    args = dict(
+        output_dir=output_dir, seed=cfg.seed, max_steps=cfg.steps, learning_rate=cfg.lr,
+        lr_scheduler_type=cfg.lr_schedule, warmup_steps=0, weight_decay=0.0,
+        adam_beta1=cfg.betas[0], adam_beta2=cfg.betas[1], adam_epsilon=cfg.adam_eps, max_grad_norm=cfg.max_grad_norm,
+        per_device_train_batch_size=cfg.prompts * cfg.group, gradient_accumulation_steps=1, num_iterations=1,
+        num_generations=cfg.group, max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature,
+        top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
+        beta=0.0, epsilon=cfg.clip, loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
+        bf16=False, use_cpu=True, gradient_checkpointing=False, disable_dropout=True, shuffle_dataset=True,
+        logging_steps=1, save_strategy="no", report_to="none", dataloader_num_workers=0, log_completions=False,
+        remove_unused_columns=False, disable_tqdm=True,
+    )
+    args.update(cfg.variant.get("args", {}))
+    return GRPOConfig(**args)
+
+
+def run(cfg: RunConfig) -> None:
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(cfg.threads)
+    rows, tokenizer = arithmetic_rows(), load_tokenizer(cfg.model_dir)
+    eos = tokenizer.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
+
+    def exact_sum(prompts, completions, completion_ids, ground_truth, **_):
+        """common.exact_sum_score on the completion's token ids (TRL's text drops special tokens)."""
+        return [exact_sum_score(ids, truth, tokenizer, eos) for ids, truth in zip(completion_ids, ground_truth)]
+
+    steps: list[dict] = []
+    evals: list[dict] = []
+
+    class Record(TrainerCallback):
+        """Per-step metrics from TRL's logs; greedy accuracy every ``eval_every`` steps."""
+
+        started = 0.0
+
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            evals.append({"step": 0, "greedy_accuracy": greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)})
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            elapsed = time.perf_counter() - self.started
+            steps.append({"step": state.global_step, "time_s": elapsed})
+            if state.global_step % cfg.eval_every == 0 or state.global_step == cfg.steps:
+                acc = greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)
+                evals.append({"step": state.global_step, "greedy_accuracy": acc})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "grad_norm" in logs and steps and steps[-1]["step"] == state.global_step:
+                steps[-1].update({name: float(logs[key]) for key, name in METRICS.items() if logs.get(key) is not None})
+
+    dataset = Dataset.from_list(rows)
+    out_dir = str(Path(cfg.out).with_suffix("")) + "_trl"
+    trainer = GRPOTrainer(model=model, reward_funcs=exact_sum, args=grpo_args(cfg, out_dir), train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Record()])
+    generation = {k: getattr(trainer.generation_config, k, None)
+                  for k in ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")}
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    write_record(cfg.out, framework="trl", config=cfg, steps=steps, evals=evals, wall_s=wall,
+                 extra={"trl_version": trl.__version__, "torch_version": torch.__version__, "generation_config": generation,
+                        "lr_scheduler_type": str(trainer.args.lr_scheduler_type), "bf16": bool(trainer.args.bf16)})
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    run(RunConfig.load(sys.argv[1]))

@@ -1,0 +1,310 @@
+"""hybridflow's GRPO side by side with TRL's GRPOTrainer, at equal settings.
+
+    python tools/bench_vs_trl.py learn [--seeds 0 1 2] [--steps 300] [--prompts 50] [--group 16]
+                                       [--eval-every 25] [--out runs/bench_vs_trl] ...
+    python tools/bench_vs_trl.py speed [--steps 20] [--rounds 2] [--threads 1] ...
+    python tools/bench_vs_trl.py replay [--seed 0] [--steps 60] ...
+
+Learning mode (``learn``): for each seed, one model folder made by hybridflow (the
+built-in task's tiny model: random weights + the 40-step format warm-up on wrong
+answers, as hybridflow.trainer.setup makes it), then one run of each framework from it,
+one after the other, each in its own process with the same thread count:
+
+- hybridflow: tools/bench_trl/hybridflow_runner.py with hybridflow's Python,
+- TRL: tools/bench_trl/trl_runner.py inside a side virtual environment (``.venv-trl``,
+  git-ignored, made on first use with TRL ``TRL_VERSION`` over this environment's torch
+  version; TRL is never a dependency of hybridflow).
+
+Equal settings: same model folder, prompts (all 100 ``a+b=``, ``--prompts`` per step,
+reshuffled every epoch), group size, 3 new tokens, temperature 1 with no top-k / top-p /
+repetition penalty, reward (exact sum then EOS scores 1; no EOS within the limit scores
+0; the same function, tools/bench_trl/common.py, on both sides), group-std-scaled
+advantages, PPO clip 0.2, no KL, token-mean loss over the step's tokens (TRL "dapo"),
+one optimizer step per generation batch, AdamW (lr, betas, eps 1e-8, no weight decay),
+gradient clipping 1.0, fp32 (TRL's GRPOConfig defaults to bf16: turned off), constant
+learning rate (TRL's default is a linear decay to 0: ``--lr-schedule linear`` gives
+both sides that), same thread count.
+
+Recorded per step (JSON in --out): gradient norm before clipping, entropy, mean response
+length (EOS included), mean reward, learning rate; greedy accuracy on all 100 prompts
+every ``--eval-every`` steps with the same code on both sides. Printed: per seed, the
+accuracy of both at each evaluation, counts of gradient norms above 1, the largest, and
+entropy / length / reward over the last 10 steps; then the mean over seeds.
+
+Speed mode (``speed``): both frameworks on the same model folder, prompts, reward rule,
+group size, lengths, learning rate and thread count, run alternately for ``--rounds``
+rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skipping on, then
+off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
+out), response tokens per second, peak RSS of the run's process, and ratios to TRL.
+
+Replay mode (``replay``): one hybridflow run recorded step by step (batch, weights,
+gradient), then TRL's loss on each recorded batch at the recorded weights (relative
+gradient difference), and TRL's optimizer, training_step and clipping fed the recorded
+batches from step 0 (relative weight difference after each step): whether the two compute
+the same update, apart from what they sample.
+
+``--hf-variant`` / ``--trl-variant`` take JSON switches for diagnosis runs (see the
+runners' docstrings), and ``--tag`` names such a run's files. Records that exist are
+reused unless ``--fresh``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNERS = Path(__file__).resolve().parent / "bench_trl"
+sys.path.insert(0, str(RUNNERS))
+from common import RunConfig  # noqa: E402
+
+TRL_VERSION = "1.16.0"
+"""The TRL release the side environment pins."""
+
+
+# ----------------------------------------------------------------------------- the TRL environment
+
+def ensure_trl_venv(venv: Path) -> Path:
+    """The side environment's python, made first if needed: this torch version first (the local wheel), then TRL."""
+    import torch
+
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", f"import trl, sys; sys.exit(trl.__version__ != {TRL_VERSION!r})"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    torch_spec = "torch==" + torch.__version__.split("+")[0]
+    print(f"making {venv} with {torch_spec} and trl=={TRL_VERSION} ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run(pip + [torch_spec], check=True)
+    subprocess.run(pip + [f"trl=={TRL_VERSION}", torch_spec], check=True)  # torch named again: pip must keep it
+    subprocess.run(check, check=True)
+    return python
+
+
+# ----------------------------------------------------------------------------- running
+
+def _env(threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def make_model(path: Path, seed: int, threads: int) -> Path:
+    if not (path / "config.json").exists():
+        subprocess.run([sys.executable, str(RUNNERS / "hybridflow_runner.py"), "--make-model", str(path), "--seed",
+                        str(seed)], check=True, env=_env(threads), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
+
+
+def run_side(python: str, runner: str, cfg: RunConfig, fresh: bool) -> dict:
+    """One run of one side (skipped when its record exists, unless fresh); returns the record."""
+    out = Path(cfg.out)
+    if fresh or not out.exists():
+        cfg_path = out.with_suffix(".config.json")
+        cfg.save(cfg_path)
+        log = out.with_suffix(".log")
+        with open(log, "w") as sink:
+            done = subprocess.run([python, str(RUNNERS / runner), str(cfg_path)], env=_env(cfg.threads), stdout=sink,
+                                  stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise SystemExit(f"{runner} failed (exit {done.returncode}); see {log}")
+    return json.loads(out.read_text())
+
+
+# ----------------------------------------------------------------------------- reports
+
+def summarise(record: dict) -> dict:
+    """Figures of one run: accuracy by step, gradient norms above 1, end-of-run entropy / length / reward."""
+    steps = record["steps"]
+    norms = [s["grad_norm"] for s in steps if "grad_norm" in s]
+    tail = steps[-10:]
+
+    def tail_mean(key):
+        values = [s[key] for s in tail if key in s]
+        return statistics.fmean(values) if values else float("nan")
+
+    return {"acc": {e["step"]: e["greedy_accuracy"] for e in record["evals"]},
+            "grad_gt1": sum(n > 1.0 for n in norms), "grad_max": max(norms, default=float("nan")),
+            "steps": len(steps), "entropy_end": tail_mean("entropy"), "length_end": tail_mean("response_length"),
+            "reward_end": tail_mean("reward"), "s_per_step": statistics.median([s["time_s"] for s in steps]) if steps else 0.0}
+
+
+def print_seed(seed: int, figures: dict[str, dict]) -> None:
+    sides = list(figures)
+    print(f"\nseed {seed}: greedy accuracy on 100 prompts")
+    print("  step " + "".join(f"{side:>12}" for side in sides))
+    for step in sorted(set().union(*(f["acc"] for f in figures.values()))):
+        print(f"  {step:4d} " + "".join(f"{figures[s]['acc'].get(step, float('nan')):12.2f}" for s in sides))
+    print("  " + "  ".join(f"{s}: grad>1 {f['grad_gt1']}/{f['steps']} (max {f['grad_max']:.1f}), end entropy "
+                           f"{f['entropy_end']:.2f} length {f['length_end']:.2f} reward {f['reward_end']:.2f}, "
+                           f"{f['s_per_step']:.2f} s/step" for s, f in figures.items()))
+
+
+def print_summary(per_seed: dict[int, dict[str, dict]]) -> dict:
+    sides = list(next(iter(per_seed.values())))
+    steps = sorted(set.intersection(*(set(f["acc"]) for figs in per_seed.values() for f in figs.values())))
+    mean = {side: {step: statistics.fmean(figs[side]["acc"][step] for figs in per_seed.values()) for step in steps}
+            for side in sides}
+    print(f"\nmean over {len(per_seed)} seeds: greedy accuracy")
+    print("  step " + "".join(f"{side:>12}" for side in sides))
+    for step in steps:
+        print(f"  {step:4d} " + "".join(f"{mean[s][step]:12.3f}" for s in sides))
+    totals = {side: {"grad_gt1": sum(figs[side]["grad_gt1"] for figs in per_seed.values()),
+                     "steps": sum(figs[side]["steps"] for figs in per_seed.values()),
+                     "final_acc": statistics.fmean(figs[side]["acc"][steps[-1]] for figs in per_seed.values()),
+                     "mean_acc": statistics.fmean(mean[side].values())} for side in sides}
+    for side, t in totals.items():
+        print(f"  {side}: grad>1 in {t['grad_gt1']} of {t['steps']} steps; accuracy at the end {t['final_acc']:.3f}, "
+              f"mean over evaluations {t['mean_acc']:.3f}")
+    return {"mean_accuracy": mean, "totals": totals}
+
+
+# ----------------------------------------------------------------------------- learning mode
+
+def learn(args) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", json.loads(args.hf_variant))}
+    if "trl" in args.sides:
+        sides["trl"] = (str(ensure_trl_venv(Path(args.trl_venv))), "trl_runner.py", json.loads(args.trl_variant))
+    if "hybridflow" not in args.sides:
+        del sides["hybridflow"]
+    base = RunConfig(model_dir="", out="", steps=args.steps, prompts=args.prompts, group=args.group, lr=args.lr,
+                     lr_schedule=args.lr_schedule, betas=(args.beta1, args.beta2), eval_every=args.eval_every,
+                     threads=args.threads)
+    tag = f"_{args.tag}" if args.tag else ""
+    per_seed: dict[int, dict[str, dict]] = {}
+    for seed in args.seeds:
+        model_dir = make_model(out / f"model_seed{seed}", seed, args.threads)
+        per_seed[seed] = {}
+        for side, (python, runner, variant) in sides.items():
+            cfg = replace(base, model_dir=str(model_dir), seed=seed, variant=variant,
+                          out=str(out / f"{side}{tag}_seed{seed}.json"))
+            print(f"seed {seed}: {side}{tag} ...", flush=True)
+            per_seed[seed][side] = summarise(run_side(python, runner, cfg, args.fresh))
+        print_seed(seed, per_seed[seed])
+    summary = {"settings": vars(args), "trl_version": TRL_VERSION, "per_seed": per_seed, **print_summary(per_seed)}
+    (out / f"summary{tag}.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"\nrecords and summary{tag}.json in {out}")
+    return summary
+
+
+# ----------------------------------------------------------------------------- speed mode
+
+def speed(args) -> dict:
+    import tempfile
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = make_model(out / f"model_seed{args.seed}", args.seed, args.threads)
+    trl_python = str(ensure_trl_venv(Path(args.trl_venv)))
+    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", {}),
+             "hybridflow_noskip": (sys.executable, "hybridflow_runner.py", {"train": {"skip_vanishing_rows": False}}),
+             "trl": (trl_python, "trl_runner.py", {})}
+    base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
+                     group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads)
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    tokens: dict[str, list[float]] = {side: [] for side in sides}
+    rss: dict[str, float] = {side: 0.0 for side in sides}
+    with tempfile.TemporaryDirectory(dir=out) as scratch:
+        for r in range(args.rounds):
+            for side, (python, runner, variant) in sides.items():
+                print(f"round {r + 1}: {side} ...", flush=True)
+                record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True)
+                steps = record["steps"][args.skip:]
+                times[side] += [s["time_s"] for s in steps]
+                tokens[side] += [args.prompts * args.group * s["response_length"] / s["time_s"] for s in steps]
+                rss[side] = max(rss[side], record["peak_rss_mb"])
+    result = {side: {"s_per_step": statistics.median(times[side]), "tokens_per_s": statistics.median(tokens[side]),
+                     "peak_rss_mb": rss[side]} for side in sides}
+    ref = result["trl"]
+    print(f"\n{args.prompts} prompts x {args.group}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps "
+          f"(first {args.skip} of each left out)")
+    print(f"  {'':18}{'s/step':>10}{'tokens/s':>12}{'peak RSS MB':>13}{'speed vs TRL':>14}")
+    for side, r in result.items():
+        print(f"  {side:18}{r['s_per_step']:10.3f}{r['tokens_per_s']:12.0f}{r['peak_rss_mb']:13.0f}"
+              f"{ref['s_per_step'] / r['s_per_step']:13.2f}x")
+    (out / "speed.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
+                                               indent=1))
+    return result
+
+
+# ----------------------------------------------------------------------------- replay mode
+
+def replay(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = make_model(out / f"model_seed{args.seed}", args.seed, args.threads)
+    trl_python = str(ensure_trl_venv(Path(args.trl_venv)))
+    cfg = RunConfig(model_dir=str(model_dir), out=str(out / f"replay_seed{args.seed}_hybridflow.json"), seed=args.seed,
+                    steps=args.steps, prompts=args.prompts, group=args.group, lr=args.lr, eval_every=10**9,
+                    threads=args.threads)
+    config, dump = out / f"replay_seed{args.seed}.config.json", out / f"replay_seed{args.seed}.pt"
+    cfg.save(config)
+    env = _env(args.threads)
+    subprocess.run([sys.executable, str(RUNNERS / "replay_hybridflow.py"), str(config), str(dump)], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = out / f"replay_seed{args.seed}.json"
+    done = subprocess.run([trl_python, str(RUNNERS / "replay_trl.py"), str(config), str(dump), str(result)], env=env,
+                          capture_output=True, text=True)
+    print(done.stdout)
+    if done.returncode:
+        raise SystemExit(f"replay_trl.py failed:\n{done.stderr[-3000:]}")
+    dump.unlink()  # large: weights and gradients of every step
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    modes = parser.add_subparsers(dest="mode", required=True)
+    p = modes.add_parser("learn", help="learning curves of both frameworks at equal settings")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one model folder and one run per side each")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
+    p.add_argument("--prompts", type=int, default=50, help="prompts per step")
+    p.add_argument("--group", type=int, default=16, help="responses per prompt")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    p.add_argument("--lr-schedule", choices=("constant", "linear"), default="constant",
+                   help="constant, or linear decay to 0 over --steps (TRL's TrainingArguments default)")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.999)
+    p.add_argument("--eval-every", type=int, default=25, help="greedy accuracy every this many steps")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run (runs are sequential)")
+    p.add_argument("--sides", nargs="+", choices=("hybridflow", "trl"), default=["hybridflow", "trl"])
+    p.add_argument("--hf-variant", default="{}", help="JSON switches for the hybridflow runner (diagnosis)")
+    p.add_argument("--trl-variant", default="{}", help="JSON switches for the TRL runner (diagnosis)")
+    p.add_argument("--tag", default="", help="name of a variant run's record files")
+    p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
+    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
+    p.add_argument("--fresh", action="store_true", help="rerun runs whose record exists")
+    p = modes.add_parser("speed", help="seconds per step, tokens/s and peak RSS of both, alternating")
+    p.add_argument("--seed", type=int, default=0, help="the model folder's seed")
+    p.add_argument("--steps", type=int, default=20, help="steps per run")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds (each runs every side once)")
+    p.add_argument("--skip", type=int, default=2, help="first steps of a run left out of the medians")
+    p.add_argument("--prompts", type=int, default=50, help="prompts per step")
+    p.add_argument("--group", type=int, default=16, help="responses per prompt")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
+    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
+    p = modes.add_parser("replay", help="TRL's loss and update on hybridflow's recorded batches")
+    p.add_argument("--seed", type=int, default=0, help="the model folder's and the run's seed")
+    p.add_argument("--steps", type=int, default=60, help="steps recorded")
+    p.add_argument("--prompts", type=int, default=50, help="prompts per step")
+    p.add_argument("--group", type=int, default=16, help="responses per prompt")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
+    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
+    args = parser.parse_args(argv)
+    {"learn": learn, "speed": speed, "replay": replay}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
