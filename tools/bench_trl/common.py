@@ -95,10 +95,11 @@ def exact_sum_score(response_ids: Sequence[int], ground_truth: str, tokenizer, e
 
 @torch.no_grad()
 def greedy_responses(model: torch.nn.Module, tokenizer, rows: Sequence[dict], max_new_tokens: int) -> list[list[int]]:
-    """The argmax response to every row (its tokens up to and including the first EOS), the model in eval mode.
+    """The argmax response to every row (its tokens up to and including the first EOS or pad), in eval mode.
 
     A plain loop of full forwards (no KV cache): every prompt has the same length, so no
-    padding is involved; a row stops at its first EOS.
+    padding is involved; a row stops at its first EOS, or at a ``<pad>`` (which ends a
+    response in hybridflow's rollout engine, and scores 0 here as it has no EOS).
     """
     was_training = model.training
     model.eval()
@@ -114,7 +115,7 @@ def greedy_responses(model: torch.nn.Module, tokenizer, rows: Sequence[dict], ma
             for i, t in enumerate(token.tolist()):
                 if not done[i]:
                     responses[i].append(t)
-                    done[i] = t == tokenizer.eos_token_id
+                    done[i] = t in (tokenizer.eos_token_id, tokenizer.pad_token_id)
             if all(done):
                 break
             ids = torch.cat([ids, token[:, None]], dim=-1)
