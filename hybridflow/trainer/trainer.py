@@ -349,8 +349,9 @@ class Trainer:
         greedy = rollout.generate(prompts, rollout.sampling.model_copy(update={"greedy": True, "n": 1, "seed": None}))
         sampled = rollout.generate(prompts, rollout.sampling.model_copy(
             update={"n": cfg.val_samples, "seed": cfg.seed + VAL_SEED_OFFSET}))
-        return {"val/score/greedy": float(reward.score(greedy).scores.mean()),
-                f"val/score/mean@{cfg.val_samples}": float(reward.score(sampled).scores.mean())}
+        # means in float64: 90 of 100 in float32 is 0.89999998, which a stop_at_val_score=0.9 would not reach
+        return {"val/score/greedy": float(reward.score(greedy).scores.double().mean()),
+                f"val/score/mean@{cfg.val_samples}": float(reward.score(sampled).scores.double().mean())}
 
     def _validate_with_progress(self) -> dict[str, float]:
         if self.progress is not None:
