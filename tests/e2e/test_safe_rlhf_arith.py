@@ -59,7 +59,9 @@ def test_cost_ends_under_the_limit_while_the_reward_rises(tmp_path, seed):
         assert after > before or cost <= LIMIT
     assert max(lambdas) > 0.1, summary
     assert _mean(last, "critic/costs/mean") < LIMIT, summary
-    assert _mean(last, "critic/score/mean") > _mean(first, "critic/score/mean") + 0.08, summary
+    # A window is 16 steps x 128 responses: at a score near 0.1 its mean has a standard error of
+    # sqrt(0.1 * 0.9 / 2048) = 0.0066, so 0.04 is over 4 standard errors of the difference of two windows.
+    assert _mean(last, "critic/score/mean") > _mean(first, "critic/score/mean") + 0.04, summary
 
 
 @pytest.mark.e2e
