@@ -64,6 +64,10 @@ class PlacementError(HybridflowError):
     """No placement satisfies the constraints (memory, divisibility, device count)."""
 
 
+class BindError(PlacementError):
+    """A plan names devices the machine it is bound to does not have (which pool, how many, what was found)."""
+
+
 class PlanError(HybridflowError):
     """An ExecutionPlan is malformed, or a compiler pass broke one of its invariants."""
 

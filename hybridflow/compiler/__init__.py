@@ -14,11 +14,15 @@ Main entry points (each module's docstring has the formulas and sources):
 - the passes (:mod:`.passes`: lower, placement, reshard, offload, schedule) and
   ``compile(graph, cluster, models, placement=..., staleness=...)`` in
   :mod:`.compile` (also ``hybridflow.compile``); it is not re-exported here, so
-  that the name keeps meaning the module.
+  that the name keeps meaning the module;
+- :class:`Machine`, :func:`local_machine`, :func:`ray_machine` and :func:`bind`
+  (:mod:`.machine`): the devices a run has, and a compiled plan bound to them;
+  :func:`compile_for` compiles and binds in one call.
 """
 from .cluster import ClusterSpec
 from .cost import COST_RULES, CostOptions, CostRecord, estimate
 from .layout import Layout
+from .machine import BindError, Machine, bind, compile_for, local_machine, ray_machine
 from .models import ModelSpec
 from .placement import Placement, Pool, PoolSpec, RolePlacement, evaluate, manual_placement, place, placement_from_device_map, search
 from .reshard import cross_pool_sync, hybrid_engine_figures, hybrid_engine_groups
@@ -30,4 +34,5 @@ __all__ = [
     "GenerationWork", "RoleWork", "Workload", "ppo_workload", "grpo_workload", "paper_workload",
     "Placement", "Pool", "PoolSpec", "RolePlacement", "evaluate", "search", "place", "manual_placement",
     "placement_from_device_map", "hybrid_engine_groups", "hybrid_engine_figures", "cross_pool_sync", "simulate_table",
+    "Machine", "BindError", "local_machine", "ray_machine", "bind", "compile_for",
 ]

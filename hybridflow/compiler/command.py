@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, GraphError
 
-__all__ = ["add_arguments", "run", "add_model_arguments", "add_batch_arguments", "parse_models", "batch_from_args", "load_graph"]
+__all__ = ["add_arguments", "run", "machine_cluster", "add_model_arguments", "add_batch_arguments", "parse_models", "batch_from_args", "load_graph"]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +84,11 @@ def load_graph(source: str, overrides: list[str]):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("algorithm", metavar="ALGO", help="a standard algorithm (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf) or a graph JSON file")
     parser.add_argument("--cluster", default="a100-80g:1", metavar="PRESET[:NODES]",
-                        help="a100-80g, h100-80g, h200 (nodes of 8) or cpu-local, with a node count: a100-80g:16")
+                        help="a100-80g, h100-80g, h200 (nodes of 8) or cpu-local, with a node count: a100-80g:16; "
+                             "'local': this machine (its GPUs, or --cpu-slots CPU slots); 'ray': the Ray cluster "
+                             "at RAY_ADDRESS (or a local one)")
+    parser.add_argument("--cpu-slots", type=int, default=None, metavar="N",
+                        help="--cluster local/ray without GPUs: cut the CPU into N device slots (the run's cpu_slots)")
     add_model_arguments(parser)
     parser.add_argument("--placement", default="auto",
                         help="auto | colocate | split | standalone | a pool spec 'actor+ref@8;critic+reward@8' "
@@ -119,8 +123,26 @@ def _summary(report) -> list[str]:
     return lines
 
 
-def run(args: argparse.Namespace) -> int:
+def machine_cluster(name: str, cpu_slots: int | None = None):
+    """The ClusterSpec of ``--cluster``: a preset, or the machine at hand ('local'; 'ray': the Ray cluster)."""
     from .cluster import ClusterSpec
+    from .machine import local_machine, ray_machine
+
+    if name == "local":
+        return local_machine(cpu_slots).cluster()
+    if name == "ray":
+        import os
+
+        from ..runtime.ray.cluster import connect
+
+        connect(os.environ.get("RAY_ADDRESS"))
+        return ray_machine(cpu_slots).cluster()
+    if cpu_slots is not None:
+        raise ConfigError("--cpu-slots applies to --cluster local or ray")
+    return ClusterSpec.parse(name)
+
+
+def run(args: argparse.Namespace) -> int:
     from .compile import IRDump, compile_report
 
     graph = load_graph(args.algorithm, args.overrides)
@@ -128,9 +150,10 @@ def run(args: argparse.Namespace) -> int:
     if not models:
         raise ConfigError("give the models: --model actor=llama2-7b [critic=... ref=... reward=...|rule]")
     hooks = (IRDump(Path(args.dump_ir)),) if args.dump_ir else ()
-    report = compile_report(graph, args.cluster, models, placement=args.placement, staleness=args.staleness,
+    cluster = machine_cluster(args.cluster, args.cpu_slots)
+    report = compile_report(graph, cluster, models, placement=args.placement, staleness=args.staleness,
                             batch=batch_from_args(args), debug=args.debug or None, hooks=hooks)
-    print(f"compiled {graph.name} for {ClusterSpec.parse(args.cluster).describe()} in {report.seconds:.2f} s; "
+    print(f"compiled {graph.name} for {cluster.describe()} in {report.seconds:.2f} s; "
           f"placement search took {report.search_s:.2f} s")
     print("\n".join(_summary(report)))
     if args.text:

@@ -13,8 +13,13 @@ ranks placements by its stage model; ``compile`` then schedules the search's
 best, its runners-up and the three fixed strategies and keeps the plan with
 the smallest scheduled ``predicted_iteration_s``, so the automatic plan is
 never slower than a fixed strategy's plan. With ``staleness > 0`` the
-candidates give the rollout whole nodes of its own (generation can only
-overlap training on separate devices).
+candidates give the rollout devices of its own (generation can only
+overlap training on separate devices): whole nodes of a multi-node cluster,
+or part of the one node; a fixed strategy then places the other roles on
+the rest (``split`` with staleness means training and generation apart: the
+roles are split as usual where that applies, else colocated, as for GRPO);
+``colocate`` and ``standalone`` keep generation on the policy's own pool,
+where it cannot overlap, which the schedule pass reports.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from .cluster import ClusterSpec
 from .cost import CostOptions
 from .models import ModelSpec
 from .placement import SearchResult, search
+from .placement.search import place_fixed
 from .plan import ExecutionPlan, verify_plan
 from .passes import PIPELINE, BatchShape, CompileContext, ResolvedPlacement, RolloutPool, parse_placement, resolve_models
 from .passes.placement import with_rollout, without_generation
@@ -110,26 +116,48 @@ class CompileReport:
 
 def _auto_candidates(ctx: CompileContext) -> tuple[list[tuple[str, ResolvedPlacement]], SearchResult | None, float]:
     """Placements worth scheduling for ``auto`` (module docstring) and the search that found them."""
-    if not ctx.staleness:
-        result = search(ctx.workload, ctx.cluster, ctx.options)
-        found = [("auto", result.best)] + [(f"auto#{k + 2}", sp) for k, sp in enumerate(result.runners_up)]
-        found += [(name, sp) for name, sp in result.fixed if sp is not None]
-        return [(label, ResolvedPlacement(sp.placement, None, "auto", result.seconds)) for label, sp in found], result, result.seconds
+    result = search(ctx.workload, ctx.cluster, ctx.options)
+    found = [("auto", result.best)] + [(f"auto#{k + 2}", sp) for k, sp in enumerate(result.runners_up)]
+    found += [(name, sp) for name, sp in result.fixed if sp is not None]
+    return [(label, ResolvedPlacement(sp.placement, None, "auto", result.seconds)) for label, sp in found], result, result.seconds
+
+
+def _rollout_carve_outs(cluster: ClusterSpec) -> list[tuple[int, ClusterSpec]]:
+    """(rollout devices, cluster left for the other roles): whole nodes on multi-node clusters, else devices of the one node."""
+    if cluster.nodes > 1:
+        return [(k * cluster.devices_per_node, cluster.with_nodes(cluster.nodes - k)) for k in range(1, cluster.nodes)]
+    node = cluster.devices_per_node
+    return [(k, cluster.model_copy(update={"devices_per_node": node - k})) for k in range(1, node)]
+
+
+def _stale_candidates(ctx: CompileContext, strategy: str) -> tuple[list[tuple[str, ResolvedPlacement]], SearchResult | None, float]:
+    """Placements for ``staleness > 0``: the rollout on devices of its own, the other roles placed by ``strategy``
+    on the rest (``split`` falls back to colocating them when it does not apply to them, e.g. GRPO's actor and ref)."""
     generating = [r.name for r in ctx.workload.roles if r.generates]
-    nodes, node = ctx.cluster.nodes, ctx.cluster.devices_per_node
     found, last, spent = [], None, 0.0
-    for rollout_nodes in range(1, nodes) if generating else ():
+    for rollout_devices, rest in _rollout_carve_outs(ctx.cluster) if generating else ():
+        workload = without_generation(ctx.workload)
         try:
-            last = search(without_generation(ctx.workload), ctx.cluster.with_nodes(nodes - rollout_nodes), ctx.options)
-            spent += last.seconds
-            found.append((f"auto+rollout@{rollout_nodes * node}",
-                          with_rollout(last.best.placement, RolloutPool(generating[0], rollout_nodes * node), ctx, "auto")))
+            if strategy == "auto":
+                last = search(workload, rest, ctx.options)
+                spent += last.seconds
+                chosen = last.best.placement
+            else:
+                scored = place_fixed(strategy, workload, rest, ctx.options)
+                if scored is None and strategy == "split":
+                    scored = place_fixed("colocate", workload, rest, ctx.options)
+                if scored is None:
+                    continue
+                chosen = scored.placement
+            found.append((f"{strategy}+rollout@{rollout_devices}",
+                          with_rollout(chosen, RolloutPool(generating[0], rollout_devices), ctx, strategy)))
         except PlacementError:
             continue
     if not found:
-        raise PlanError(f"staleness={ctx.staleness} needs the rollout on whole nodes of its own and the other roles on the rest; "
-                        f"{ctx.cluster.describe()} has no such placement that fits. Use more nodes, staleness 0, or a manual "
-                        "spec with a rollout pool, e.g. 'actor+ref@4;critic+reward@2;actor.generate@2'")
+        raise PlanError(f"staleness={ctx.staleness} needs the rollout on devices of its own (whole nodes on a multi-node "
+                        f"cluster) and the other roles on the rest; {ctx.cluster.describe()} has no such '{strategy}' "
+                        "placement that fits. Use more devices (cpu_slots=2 or more on a CPU machine), staleness 0, or a "
+                        "manual spec with a rollout pool, e.g. 'actor+ref@4;critic+reward@2;actor.generate@2'")
     return found, last, spent
 
 
@@ -157,14 +185,15 @@ def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str
     ctx = CompileContext(graph=graph, cluster=cluster, models=resolve_models(graph, models), batch=batch or BatchShape(),
                          options=options or CostOptions(), placement=parse_placement(placement), staleness=staleness)
     verify = _debug_default() if debug is None else debug
-    if ctx.placement != "auto":
+    strategy = ctx.placement if isinstance(ctx.placement, str) else None
+    if strategy is None or (strategy != "auto" and not (staleness and strategy == "split")):
         plan = run_pipeline(ctx, verify=verify, hooks=hooks)
         tried, result, search_s = ((plan.strategy, plan.predicted_iteration_s),), None, 0.0
     else:
-        candidates, result, search_s = _auto_candidates(ctx)
+        candidates, result, search_s = _stale_candidates(ctx, strategy) if staleness else _auto_candidates(ctx)
         plans = [(label, run_pipeline(ctx.with_placement(c), verify=verify, hooks=hooks)) for label, c in candidates]
         tried = tuple((label, p.predicted_iteration_s) for label, p in plans)
-        plan = min(plans, key=lambda lp: lp[1].predicted_iteration_s)[1].model_copy(update={"strategy": "auto"})
+        plan = min(plans, key=lambda lp: lp[1].predicted_iteration_s)[1].model_copy(update={"strategy": strategy})
     verify_plan(plan, after="compile")
     return CompileReport(plan=plan, search=result, search_s=search_s, candidates=tried, seconds=time.perf_counter() - start)
 

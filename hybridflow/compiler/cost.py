@@ -65,6 +65,7 @@ class CostOptions(BaseModel):
     activation_checkpointing: bool = Field(default=True, description="Training recomputes activations (8·N FLOPs/token, 2·s·b·h bytes kept per layer).")
     train_micro_batch: int = Field(default=4, ge=1, description="Sequences per training micro-batch.")
     infer_micro_batch: int = Field(default=16, ge=1, description="Sequences per forward-only micro-batch (log-probs, values, scores).")
+    data_parallel_only: bool = Field(default=False, description="The engines that will run the plan shard models by data parallelism only (FSDP2, as hybridflow's runtime does today): layouts with tensor or pipeline parallelism are not candidates. Off for studies of the paper's systems.")
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
 
 

@@ -45,6 +45,7 @@ class PoolPlan(_Frozen):
     devices: tuple[str, ...] = Field(description="Device names: 'cpu', 'cuda:N', or cluster slots 'nN.dM'.")
     memory_bytes: int | None = Field(None, description="Memory of each device, when known (bytes).")
     offload: bool = Field(False, description="The roles on this pool do not fit together: each one's states go to host memory between its uses (offload/onload ops).")
+    slots: tuple[str, ...] = Field((), description="Bound plans: the compiled device names ('n0.d3') that ``devices`` now binds to real devices.")
 
 
 class LayoutPlan(_Frozen):
@@ -105,6 +106,7 @@ class ExecutionPlan(_Frozen):
     ops: tuple[PlanOp, ...] = Field(description="The schedule: ops in an order that respects deps.")
     staleness: int = Field(0, ge=0, description="Generation may run this many iterations ahead of training.")
     predicted_iteration_s: float | None = Field(None, description="Predicted time of one iteration, seconds.")
+    machine: str | None = Field(None, description="The machine the plan is bound to (hybridflow.compiler.bind); None: compiled, not bound. Executors run only bound plans.")
 
     # -- access ---------------------------------------------------------------
     def graph_ir(self):
@@ -151,12 +153,15 @@ class ExecutionPlan(_Frozen):
                  f"strategy={self.strategy}  staleness={self.staleness}"]
         if self.predicted_iteration_s is not None:
             lines[0] += f"  predicted_iteration={self.predicted_iteration_s:.4g}s"
+        if self.machine:
+            lines[0] += f"  bound to {self.machine}"
         for pool in self.pools:
             gen = [f"{p.role} (generation)" for p in self.placements if p.generation_pool == pool.name]
             roles = ", ".join(self.roles_on(pool.name) + tuple(gen)) or "-"
             memory = f" x {_gib(pool.memory_bytes)}" if pool.memory_bytes else ""
             flag = " offload" if pool.offload else ""
-            lines.append(f"pool {pool.name} [{_devices(pool.devices)}]{memory}{flag}: {roles}")
+            bound = f" = {_devices(pool.slots)}" if pool.slots else ""
+            lines.append(f"pool {pool.name} [{_devices(pool.devices)}{bound}]{memory}{flag}: {roles}")
         for p in self.placements:
             gen = f"  generate {p.generation_layout}" if p.generation_layout else ""
             gen += f" on {p.generation_pool}" if p.generation_pool else ""

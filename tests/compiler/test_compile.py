@@ -5,6 +5,8 @@ import warnings
 
 import pytest
 
+from hybridflow.compiler.cluster import ClusterSpec
+
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.compiler import compile as compile_module
 from hybridflow.compiler.compile import IRDump, PassTimer, compile, compile_report
@@ -90,8 +92,19 @@ def test_rollout_pool_gets_a_bucketed_broadcast_and_overlaps_with_staleness():
 def test_staleness_on_a_shared_pool_says_why_not():
     with pytest.raises(PlanError, match=r"generation runs on pool 'pool0'.*actor.update.*pool of its own"):
         compile(ALGORITHMS["ppo"].build(), "a100-80g:2", SEVEN_B, placement="colocate", staleness=1)
-    with pytest.raises(PlanError, match="whole nodes of its own"):
-        compile(ALGORITHMS["ppo"].build(), "a100-80g:1", SEVEN_B, staleness=1)
+    with pytest.raises(PlanError, match="devices of its own"):  # one device: nothing to give the rollout
+        compile(ALGORITHMS["ppo"].build(), ClusterSpec.preset("a100-80g", devices_per_node=1), SEVEN_B, staleness=1)
+
+
+def test_staleness_on_one_node_carves_a_rollout_pool_out_of_it():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PPO has no IS correction: the compiler warns about the bias
+        for placement in ("auto", "split"):
+            plan = compile(ALGORITHMS["ppo"].build(), "a100-80g:1", SEVEN_B, placement=placement, staleness=1)
+            rollout = plan.placement("actor").generation_pool
+            assert rollout and plan.strategy == placement
+            assert sum(len(p.devices) for p in plan.pools if p.name != "host") == 8
+            assert not set(plan.pool(rollout).devices) & {d for p in plan.pools if p.name != rollout for d in p.devices}
 
 
 def test_auto_with_staleness_gives_the_rollout_whole_nodes():

@@ -1,12 +1,26 @@
-"""ExecutionPlan: JSON/text forms, the verifier naming the pass that broke it, plan_local's device maps."""
+"""ExecutionPlan: JSON/text forms, the verifier naming the pass that broke it, device maps, binding to a machine."""
 from __future__ import annotations
 
 import pytest
 
 from hybridflow.algorithms import ALGORITHMS
-from hybridflow.compiler.local_plan import plan_local
+from hybridflow.compiler import Machine, bind, compile_for, local_machine
+from hybridflow.compiler.passes import BatchShape
 from hybridflow.compiler.plan import ExecutionPlan, LayoutPlan, PlanOp, verify_plan
 from hybridflow.errors import PlacementError, PlanError
+
+
+TINY = "qwen2.5-0.5b"
+SMALL = BatchShape(prompts=8, prompt_len=16, response_len=16, mini_batches=1)
+
+
+def plan_local(graph, device_map=None):
+    """``graph`` compiled with a device map (every role on the CPU unless the map says otherwise), not bound."""
+    from hybridflow.compiler.compile import compile
+
+    placement = {**{r.name: "cpu" for r in graph.roles}, **(device_map or {})}
+    return compile(graph, "a100-80g", {"actor": TINY, **{r.name: "rule" for r in graph.roles if r.kind in ("reward", "cost")}},
+                   placement=placement, batch=SMALL)
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -82,9 +96,29 @@ def test_device_map_aliases_and_errors():
     assert plan.placement("reward").pool == "cpu"
     split = plan_local(graph, {"actor": "cuda:0", "critic": "cuda:1", "rm": "cpu"})
     assert split.placement("actor").pool == "cuda0" and split.placement("critic").pool == "cuda1"
-    assert split.placement("ref").pool == "cpu"  # unnamed roles default to cpu
+    assert split.placement("ref").pool == "cpu"  # unnamed roles default to cpu here
     assert plan_local(graph, {"actor": "cuda"}).placement("actor").pool == "cuda0"
+    # bound to a machine with two GPUs, the map's devices are kept; a CPU-only machine lacks them
+    bound = bind(split, Machine("cuda", 2))
+    assert bound.pool("cuda1").devices == ("cuda:1",) and bound.machine == "local: 2 CUDA devices"
+    with pytest.raises(PlacementError, match=r"pool 'cuda1' \(critic\) needs 1 device\(s\) cuda:1; cuda:1 is not on this machine"):
+        bind(split, Machine("cpu", 1))
     with pytest.raises(PlacementError, match="actor_lora.*roles are"):
         plan_local(graph, {"actor_lora": "cuda:1"})
     with pytest.raises(PlacementError, match="is not a device"):
         plan_local(graph, {"actor": "gpu0"})
+
+
+def test_bind_maps_slots_to_devices_and_keeps_their_names():
+    graph = ALGORITHMS["ppo"].build()
+    plan = compile_for(graph, TINY, machine=Machine("cuda", 4), placement="split", batch=SMALL)
+    assert plan.machine == "local: 4 CUDA devices"
+    pools = {p.name: p for p in plan.pools}
+    assert pools["pool0"].slots == ("n0.d0", "n0.d1") and pools["pool0"].devices == ("cuda:0", "cuda:1")
+    assert pools["pool1"].devices == ("cuda:2", "cuda:3") and pools["host"].devices == ("cpu",)
+    assert "[cuda:0, cuda:1 = n0.d0, n0.d1]" in plan.to_text()
+    cpu = compile_for(graph, TINY, machine=local_machine(2), placement="split", batch=SMALL)
+    assert [p.devices for p in cpu.pools] == [("cpu",), ("cpu",), ("cpu",)]
+    # binding is idempotent, and a bound plan can be bound to another machine that has its slots
+    assert bind(cpu, local_machine(2)) == cpu
+    assert bind(cpu, Machine("cuda", 2)).pool("pool1").devices == ("cuda:1",)

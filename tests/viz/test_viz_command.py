@@ -86,10 +86,12 @@ def test_viz_draws_an_invalid_graph_but_fails_with_the_dsl_s_error(tmp_path, cap
 
 
 def test_viz_checks_a_plan_before_drawing_it(tmp_path, capsys):
-    from hybridflow.compiler.local_plan import plan_local
+    from hybridflow.compiler.compile import compile
+    from hybridflow.compiler.passes import BatchShape
 
     graph = ALGORITHMS["grpo"].build()
-    doc = json.loads(plan_local(graph, {r.name: "cpu" for r in graph.roles}).to_json())
+    doc = json.loads(compile(graph, "cpu-local", {"actor": "qwen2.5-0.5b", "reward": "rule"}, placement="colocate",
+                             batch=BatchShape(prompts=8, prompt_len=16, response_len=16)).to_json())
     dropped = doc["placements"].pop()["role"]
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))

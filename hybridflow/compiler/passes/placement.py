@@ -23,14 +23,13 @@ import math
 from ...errors import ConfigError, PlacementError
 from ..cost import Generate, estimate
 from ..layout import Layout, valid_layouts
-from ..local_plan import ROLE_ALIASES, normalise_device
 from ..placement import Placement, PoolSpec, evaluate, manual_placement, place_fixed, placement_from_device_map, search
 from ..placement.search import ScoredPlacement, assign_devices
 from ..plan import ExecutionPlan, LayoutPlan, PoolPlan, RolePlacement
 from ..workload import Workload
 from .context import CompileContext
 from .lower import device_names
-from .spec import ResolvedPlacement, RolloutPool, parse_placement
+from .spec import ROLE_ALIASES, ResolvedPlacement, RolloutPool, normalise_device, parse_placement
 
 __all__ = ["HOST", "resolve_placement", "without_generation", "rollout_layout", "with_rollout", "placement"]
 
@@ -48,6 +47,8 @@ def rollout_layout(ctx: CompileContext, role: str, devices: int) -> Layout:
     model, gen = ctx.models[role], ctx.workload.generation
     best: tuple[float, Layout | None] = (math.inf, None)
     for layout in valid_layouts(model, devices, ctx.cluster.devices_per_node):
+        if ctx.options.data_parallel_only and layout.size != layout.dp:
+            continue
         cost = estimate(Generate(model, layout, gen.sequences, gen.prompt_len, gen.response_len), ctx.cluster, ctx.options)
         if cost.time_s < best[0]:
             best = (cost.time_s, layout)
@@ -97,7 +98,8 @@ def _device_map(ctx: CompileContext, mapping: dict) -> ResolvedPlacement:
     for key, device in mapping.items():
         role = key if key in roles else ROLE_ALIASES.get(key, key)
         if role not in roles:
-            raise ConfigError(f"device map names {key!r}, which is not a role of graph {ctx.graph.name!r}; its roles are {', '.join(sorted(roles))}")
+            raise PlacementError(f"device_map names {key!r}, which is not a role of graph {ctx.graph.name!r}; its roles are "
+                                 f"{', '.join(sorted(roles))} (alias 'rm' = 'reward')")
         devices[role] = normalise_device(device, key)
     model_roles = ctx.workload.role_names
     placement = placement_from_device_map({r: devices.get(r, "cpu") for r in model_roles}, ctx.workload)
@@ -154,13 +156,18 @@ def _pools(resolved: ResolvedPlacement, ctx: CompileContext) -> list[PoolPlan]:
 
 
 def _rule_pools(ctx: CompileContext, pools: list[PoolPlan]) -> dict[str, str]:
-    """Pool of each rule role: the device a device map names for it, else ``host`` (added to ``pools``)."""
+    """Pool of each rule role: the device a device map names for it, else a host pool of its own (added to ``pools``).
+
+    A lone rule role's pool is ``host``; with several (Safe-RLHF's reward and cost) each gets ``host_<role>``, so
+    their scoring can run at the same time on an executor with one process per pool.
+    """
     mapping = parse_placement(ctx.placement)
     mapped = {ROLE_ALIASES.get(k, k): normalise_device(v, k) for k, v in mapping.items()} if isinstance(mapping, dict) else {}
+    unmapped = [role for role in ctx.rule_roles if role not in mapped]
     found = {}
     for role in ctx.rule_roles:
         device = mapped.get(role)
-        name = device.replace(":", "") if device else HOST
+        name = device.replace(":", "") if device else (HOST if len(unmapped) == 1 else f"{HOST}_{role}")
         if name not in {p.name for p in pools}:
             pools.append(PoolPlan(name=name, devices=(device or "cpu",)))
         found[role] = name

@@ -24,14 +24,26 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...errors import ConfigError
+from ...errors import ConfigError, PlacementError
 from ..layout import Layout
 from ..placement import FIXED_STRATEGIES, Placement, PoolSpec
 
-__all__ = ["RolloutPool", "ResolvedPlacement", "STRATEGIES", "parse_placement"]
+__all__ = ["RolloutPool", "ResolvedPlacement", "STRATEGIES", "ROLE_ALIASES", "parse_placement", "normalise_device"]
 
 STRATEGIES = ("auto", *FIXED_STRATEGIES)
 _ROLE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)(\.generate)?\s*(?:\(([^)]*)\))?\s*$")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+
+ROLE_ALIASES = {"rm": "reward", "reward_model": "reward", "reference": "ref", "policy": "actor"}
+"""Role names the seed article's ``device_map`` uses for the graph's roles (``rm`` is the reward)."""
+
+
+def normalise_device(device: str, role: str) -> str:
+    """``"cuda"`` -> ``"cuda:0"``; anything but cpu / cuda[:N] / mps is a PlacementError."""
+    text = str(device).strip().lower()
+    if not _DEVICE.match(text):
+        raise PlacementError(f"device_map[{role!r}] = {device!r} is not a device; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    return "cuda:0" if text == "cuda" else text
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ def _candidates_for(workload: Workload, cluster: ClusterSpec, options: CostOptio
         problem = layout_problem(layout, role.model, cluster.devices_per_node)
         if problem or layout.size != spec.devices:
             raise ConfigError(f"pool {list(spec.roles)}: layout {layout} of {name!r} does not fit {spec.devices} devices ({problem or 'dp·tp·pp must equal the device count'})")
-        gens = frozenset(generation_layouts(role.model, layout, cluster.devices_per_node)) if role.generates else frozenset()
+        gens = frozenset(g for g in generation_layouts(role.model, layout, cluster.devices_per_node)
+                         if not options.data_parallel_only or g.size == g.dp) if role.generates else frozenset()
         per_role.append((RoleCandidate(role_estimate(role, layout, workload.generation, cluster, options), gens),))
     return per_role
 

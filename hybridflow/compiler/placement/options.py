@@ -62,10 +62,13 @@ def role_candidates(role: RoleWork, n: int, gen: GenerationWork, cluster: Cluste
     usable = cluster.usable_memory_bytes
     found = []
     for layout in valid_layouts(role.model, n, cluster.devices_per_node):
+        if options.data_parallel_only and layout.size != layout.dp:
+            continue
         est = role_estimate(role, layout, gen, cluster, options)
         if est.problem or max(est.peaks) > usable or est.resident > usable:
             continue
-        gens = frozenset(generation_layouts(role.model, layout, cluster.devices_per_node)) if role.generates else frozenset()
+        gens = frozenset(g for g in generation_layouts(role.model, layout, cluster.devices_per_node)
+                         if not options.data_parallel_only or g.size == g.dp) if role.generates else frozenset()
         if role.generates and not gens:
             continue
         found.append(RoleCandidate(est, gens))

@@ -1,0 +1,207 @@
+"""The machine a plan runs on, and binding a compiled plan to it.
+
+The compiler places roles on abstract device slots (``n0.d3``: node 0, device
+3) of a :class:`~.cluster.ClusterSpec`. A run needs real devices, so
+
+* :func:`local_machine` describes this machine: its CUDA devices, or, without
+  one, ``cpu_slots`` CPU slots (each slot a share of the cores: on Ray one
+  process per slot with ``threads_per_slot`` torch threads; the LocalExecutor
+  runs every slot in its own process, one after another);
+* :func:`ray_machine` describes the Ray cluster this process is connected to;
+* :meth:`Machine.cluster` is the ClusterSpec the compiler plans for (one node
+  of ``slots`` devices; a CPU slot gets its share of the cores and memory);
+* :func:`bind` maps the plan's slots to the machine's devices — ``n0.dK`` to
+  ``cuda:K`` or to CPU slot K, a device map's ``cuda:N`` / ``cpu`` to itself —
+  and says which pool needs what the machine lacks (:class:`BindError`).
+
+Executors accept only bound plans (``plan.machine`` is set). A bound pool keeps
+the compiled slot names in :attr:`~.plan.PoolPlan.slots`, for drawings and errors.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import BindError, PlacementError
+from .cluster import CLUSTER_PRESETS, ClusterSpec, detect_local_cpu
+from .plan import ExecutionPlan, verify_plan
+
+__all__ = ["Machine", "BindError", "local_machine", "ray_machine", "default_cpu_slots", "bind", "compile_for"]
+
+_SLOT = re.compile(r"^n(\d+)\.d(\d+)$")
+_CUDA = re.compile(r"^cuda:(\d+)$")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """``nodes`` x ``slots`` devices of one ``kind``, where a run executes."""
+
+    kind: Literal["cpu", "cuda"]
+    slots: int
+    """Devices per node: CUDA devices, or CPU slots."""
+    nodes: int = 1
+    threads_per_slot: int | None = None
+    """torch threads of each CPU slot (None on CUDA)."""
+    where: Literal["local", "ray"] = "local"
+    gpu_name: str = ""
+
+    def device(self, node: int, index: int) -> str:
+        """The torch device of slot ``index`` of node ``node`` (``cuda:K`` or ``cpu``)."""
+        return f"cuda:{index}" if self.kind == "cuda" else "cpu"
+
+    def describe(self) -> str:
+        """``local: 2 CPU slots of 1 thread`` or ``ray: 1 x 8 CUDA devices (NVIDIA H100)``."""
+        if self.kind == "cuda":
+            what = f"{self.slots} CUDA device{'s' if self.slots != 1 else ''}" + (f" ({self.gpu_name})" if self.gpu_name else "")
+        else:
+            threads = f" of {self.threads_per_slot} thread{'s' if self.threads_per_slot != 1 else ''}" if self.threads_per_slot else ""
+            what = f"{self.slots} CPU slot{'s' if self.slots != 1 else ''}{threads}"
+        nodes = f"{self.nodes} x " if self.nodes > 1 else ""
+        return f"{self.where}: {nodes}{what}"
+
+    def cluster(self) -> ClusterSpec:
+        """The cluster the compiler plans for: a GPU preset matched by name, or this CPU cut into slots."""
+        if self.kind == "cuda":
+            return _gpu_cluster(self)
+        cpu = detect_local_cpu()
+        share = 1 / self.slots
+        return cpu.model_copy(update={
+            "name": f"{self.where}-cpu", "nodes": self.nodes, "devices_per_node": self.slots,
+            "device_memory_bytes": cpu.device_memory_bytes * share, "peak_flops": cpu.peak_flops * share,
+            "memory_bandwidth": cpu.memory_bandwidth * share})
+
+
+def _gpu_cluster(machine: Machine) -> ClusterSpec:
+    """A datasheet preset for the GPU model (A100 80G, H100, H200), else A100 figures with the device's memory."""
+    name = machine.gpu_name.lower()
+    key = "h200" if "h200" in name else "h100-80g" if "h100" in name else "a100-80g"
+    base = CLUSTER_PRESETS[key]
+    update = {"name": f"{machine.where}-{key}", "nodes": machine.nodes, "devices_per_node": machine.slots}
+    memory = _cuda_memory()
+    if memory:
+        update["device_memory_bytes"] = float(memory)
+    return base.model_copy(update=update)
+
+
+def _cuda_memory() -> int | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    except Exception:  # no driver
+        return None
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_cpu_slots(where: Literal["local", "ray"]) -> int:
+    """CPU slots when the config gives none: 1 for the LocalExecutor (its slots share one process, so more
+    slots give more pools, not more speed); on Ray up to 4 processes sharing the cores (2 on a 2-core machine)."""
+    return 1 if where == "local" else max(1, min(4, _cores()))
+
+
+def local_machine(cpu_slots: int | None = None, *, where: Literal["local", "ray"] = "local") -> Machine:
+    """This machine: its CUDA devices if torch sees any, else ``cpu_slots`` CPU slots (default: :func:`default_cpu_slots`)."""
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        gpus = 0
+    if gpus:
+        import torch
+
+        return Machine("cuda", gpus, where=where, gpu_name=torch.cuda.get_device_name(0))
+    slots = cpu_slots or default_cpu_slots(where)
+    if slots < 1:
+        raise PlacementError(f"cpu_slots must be >= 1, got {slots}")
+    return Machine("cpu", slots, threads_per_slot=max(1, _cores() // slots), where=where)
+
+
+def ray_machine(cpu_slots: int | None = None) -> Machine:
+    """The connected Ray cluster: its GPUs (per node of the first GPU node), else ``cpu_slots`` CPU slots."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    gpu_nodes = [int(n["Resources"].get("GPU", 0)) for n in alive if n["Resources"].get("GPU", 0) >= 1]
+    if gpu_nodes:
+        return Machine("cuda", min(gpu_nodes), nodes=len(gpu_nodes), where="ray")
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    slots = cpu_slots or max(1, min(4, cpus))
+    return Machine("cpu", slots, threads_per_slot=max(1, cpus // slots), where="ray")
+
+
+def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
+    """``plan`` with every pool's devices replaced by the machine's (module docstring); BindError if it lacks some."""
+    pools, problems = [], []
+    for pool in plan.pools:
+        slots = pool.slots or pool.devices
+        devices, missing = [], []
+        for name in slots:
+            device = _bind_device(name, machine)
+            if device is None:
+                missing.append(name)
+            devices.append(device)
+        if missing:
+            problems.append(f"pool {pool.name!r} ({', '.join(plan.roles_on(pool.name)) or 'generation'}) needs "
+                            f"{len(slots)} device(s) {', '.join(slots)}; {', '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not on this machine")
+            continue
+        pools.append(pool.model_copy(update={"devices": tuple(devices), "slots": tuple(slots)}))
+    if problems:
+        raise BindError(f"the plan (compiled for {plan.cluster}) does not fit {machine.describe()}: " + "; ".join(problems)
+                        + ". Compile for this machine (hybridflow compile --cluster local, or placement=... in the "
+                        "config) or run it where those devices exist")
+    bound = plan.model_copy(update={"pools": tuple(pools), "machine": machine.describe()})
+    verify_plan(bound, after="bind")
+    return bound
+
+
+def compile_for(graph, models, *, machine: Machine | None = None, placement="colocate", staleness: int = 0,
+                batch=None, options=None) -> ExecutionPlan:
+    """``compile`` for ``machine`` (default: :func:`local_machine`) and :func:`bind` to it: a plan an executor runs.
+
+    ``models`` is what :func:`~.compile.compile` takes; reward and cost roles it does not name are rule
+    functions (``"rule"``, costing nothing) rather than copies of the actor's model. Only layouts the runtime
+    runs are considered (data parallelism: ``CostOptions(data_parallel_only=True)``).
+    """
+    from .compile import _as_graph, compile
+    from .cost import CostOptions
+    from .passes.lower import actor_role
+
+    machine = machine or local_machine()
+    graph = _as_graph(graph)
+    if not isinstance(models, dict):
+        models = {actor_role(graph): models}
+    models = {**{r.name: "rule" for r in graph.roles if r.kind in ("reward", "cost")}, **models}
+    options = (options or CostOptions()).model_copy(update={"data_parallel_only": True})
+    plan = compile(graph, machine.cluster(), models, placement=placement, staleness=staleness, batch=batch, options=options)
+    return bind(plan, machine)
+
+
+def _bind_device(name: str, machine: Machine) -> str | None:
+    """The device of one plan device name on ``machine``, None when the machine has no such device."""
+    slot = _SLOT.match(name)
+    if slot:
+        node, index = int(slot.group(1)), int(slot.group(2))
+        return machine.device(node, index) if node < machine.nodes and index < machine.slots else None
+    cuda = _CUDA.match(name)
+    if cuda:
+        return name if machine.kind == "cuda" and int(cuda.group(1)) < machine.slots else None
+    if name == "cpu":
+        return "cpu"
+    if name == "mps":
+        try:
+            import torch
+
+            return name if torch.backends.mps.is_available() else None
+        except Exception:
+            return None
+    return None
