@@ -81,13 +81,13 @@ def main() -> None:
 
     import ray
 
-    from hybridflow.compiler.local_plan import plan_local
+    from hybridflow.compiler import compile_for
     from hybridflow.runtime.local import LocalExecutor
     from hybridflow.runtime.ray import RayExecutor
     from hybridflow.runtime.roles import RoleSpec
 
     graph = one_op_graph()
-    plan = plan_local(graph)
+    plan = compile_for(graph, "qwen2.5-0.5b", placement={"reward": "cpu"})  # the one role is a rule: no model
     specs = {"reward": RoleSpec(reward=ZeroReward())}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     local = LocalExecutor(plan, specs)

@@ -64,7 +64,7 @@ def sync_s(executor, repeats: int) -> tuple[float, float]:
     """Median seconds of the plan's weight sync (worker clocks) and megabytes it moved."""
     import ray
 
-    from hybridflow.runtime.ray.topology import sync_group
+    from hybridflow.runtime.topology import sync_group
 
     op = next(op for op in executor.plan.ops if op.kind == "weight_sync")
     times, moved = [], 0.0

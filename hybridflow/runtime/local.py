@@ -1,121 +1,86 @@
-"""LocalExecutor: runs an ExecutionPlan in one process, on the devices its pools name.
+"""LocalExecutor: runs a bound ExecutionPlan in this process, one slot per pool.
 
-The executor is an interpreter of the plan (STYLE.md, principle 3): a loop over
-the plan's ops with a single-assignment environment ``env`` (producer name ->
-:class:`Batch`), dispatching each op through :data:`OP_RUNNERS` (by op kind).
-Graph nodes go through the tables of :mod:`.node_calls`, which the Ray executor
-shares: the node's worker call is built from ``env``, called on the pool's one
-worker, and its result read back into the node's output batch. The executor has
-no idea of the algorithm: the graph says what to run, the plan where and in
-which order.
+The run loop is the shared plan interpreter (:mod:`.interpreter`); this module
+only says how a call reaches a slot: each pool of the plan is one
+:class:`~hybridflow.runtime.slot_worker.SlotWorker` built in this process on
+the pool's device, and a call runs at once. Pools therefore take turns (no
+two ops run at the same time), which is why a plan with ``staleness`` > 0 is
+an error here, and a pool spread over several devices (data parallelism) needs
+the RayExecutor, whose slots are processes. Colocated roles share a slot; a
+cross-pool weight sync copies the train engine's tensors into the other
+pool's rollout engine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Mapping
 
-from ..compiler.plan import ExecutionPlan, PlanOp
+from ..compiler.plan import ExecutionPlan
 from ..errors import ExecutionError, HybridflowError
-from ..graph import CONTROLLER
-from .batch import Batch
-from .node_calls import node_call, node_output, run_compute
+from .interpreter import IterationResult, PlanExecutor
 from .roles import RoleSpec
+from .slot_worker import SlotWorker
 from .spans import SpanRecorder
+from .topology import Slot
 from .worker import RoleWorker
 
-__all__ = ["LocalExecutor", "IterationResult", "OP_RUNNERS"]
+__all__ = ["LocalExecutor", "IterationResult"]
 
 
-@dataclass
-class IterationResult:
-    """What one iteration produced: every node's output batch and the update metrics."""
+class _Done:
+    """A call that already ran: its result, or the exception it raised."""
 
-    env: dict[str, Batch]
-    metrics: dict[str, float] = field(default_factory=dict)
+    __slots__ = ("value", "error")
 
-
-class LocalExecutor:
-    """Runs ``plan`` with the engines ``specs`` describe (role name -> :class:`RoleSpec`)."""
-
-    def __init__(self, plan: ExecutionPlan, specs: Mapping[str, RoleSpec], *, recorder: SpanRecorder | None = None):
-        self.plan = plan
-        self.plan_graph = plan.graph_ir()
-        self.graph = self.plan_graph
-        """The graph the current (or last) iteration runs: the plan's, with that call's ``params``."""
-        missing = [r.name for r in self.graph.roles if r.name not in specs]
-        if missing:
-            raise ExecutionError(f"no RoleSpec for role(s) {missing}; give one per role of graph {self.graph.name!r}")
-        self.recorder = recorder or SpanRecorder()
-        self.workers: dict[str, RoleWorker] = {}
-        kinds = {r.name: r.kind for r in self.graph.roles}
-        for pool in plan.pools:
-            if len(pool.devices) != 1:
-                raise ExecutionError(f"pool {pool.name!r} spans {len(pool.devices)} devices; the LocalExecutor runs one "
-                                     "device per pool (use the RayExecutor for data parallelism)")
-            roles = {name: (kinds[name], specs[name]) for name in plan.roles_on(pool.name)}
-            self.workers[pool.name] = RoleWorker(pool.devices[0], roles)
-        self.iteration = 0
-
-    def worker(self, op: PlanOp) -> RoleWorker:
-        return self.workers[op.pool]  # verified plans name existing pools
-
-    def device(self, op: PlanOp) -> str:
-        return CONTROLLER if op.pool is None else self.workers[op.pool].device
-
-    def trace_spans(self) -> list:
-        """The spans of the run's trace: one per op (the RayExecutor adds one per op and worker)."""
-        return list(self.recorder.spans)
-
-    def run_iteration(self, inputs: Mapping[str, Batch], *, params: Mapping[str, Mapping[str, object]] | None = None
-                      ) -> IterationResult:
-        """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
-
-        ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for this
-        iteration only (run state such as a Lagrange multiplier; see :meth:`Graph.with_params`).
-        """
-        self.graph = self.plan_graph.with_params(params or {})
-        expected = {i.name for i in self.graph.inputs}
-        if set(inputs) != expected:
-            raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
-        result = IterationResult(env=dict(inputs))
-        for op in self.plan.ops:
-            with self.recorder.record(op=op.name, node=op.node, kind=op.kind if op.kind != "node" else self.graph.node(op.node).kind,
-                                      role=op.role, device=self.device(op), iteration=self.iteration):
-                try:
-                    OP_RUNNERS[op.kind](self, op, result)
-                except HybridflowError:
-                    raise
-                except Exception as err:  # name the op, node, role and device of an engine failure
-                    raise ExecutionError(f"op {op.name!r} (role {op.role!r} on {self.device(op)}) failed: "
-                                         f"{type(err).__name__}: {err}") from err
-        self.iteration += 1
-        return result
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value, self.error = value, error
 
 
-# -- op runners: one per plan op kind -------------------------------------------------------
+class LocalExecutor(PlanExecutor):
+    """Runs the bound ``plan`` with the engines ``specs`` describe (role name -> :class:`RoleSpec`)."""
 
-def _run_node(ex: LocalExecutor, op: PlanOp, result: IterationResult) -> None:
-    node = ex.graph.node(op.node)
-    if node.kind == "compute":
-        result.env[node.name] = run_compute(node, result.env)
-        return
-    call = node_call(node, result.env)
-    raw = getattr(ex.worker(op), call.method)(call.role, call.batch, *call.args)
-    result.env[node.name] = node_output(node, raw, result.metrics)
+    def __init__(self, plan: ExecutionPlan, specs: Mapping[str, RoleSpec], *, recorder: SpanRecorder | None = None,
+                 seed: int | None = None):
+        super().__init__(plan, specs, recorder=recorder)
+        wide = [f"{p.name} ({len(p.devices)} devices)" for p in plan.pools if len(p.devices) > 1]
+        if wide:
+            raise ExecutionError(f"pools {', '.join(wide)} span several devices; the local executor runs one device per "
+                                 "pool in this process. Use executor='ray' (one process per device slot, FSDP2 data "
+                                 "parallelism), or compile with one device per pool (cpu_slots=1, or a device map)")
+        self.mailbox: dict[str, list] = {}
+        self.slots: dict[str, SlotWorker] = {}
+        for slot in self.topology.slots:
+            worker = SlotWorker(slot, {r.role: self.specs[r.role] for r in slot.roles},
+                                seed=seed if seed is not None else 0)
+            if seed is None:  # engines from the caller's torch generator, as built before this executor existed
+                worker.seed = None
+            worker.setup_local(slot.device, self.mailbox)
+            self.slots[slot.name] = worker
 
+    @property
+    def workers(self) -> dict[str, RoleWorker]:
+        """Pool name -> the :class:`RoleWorker` hosting its roles' engines."""
+        return {slot.pool: self.slots[slot.name].worker for slot in self.topology.slots}
 
-def _weight_sync(ex: LocalExecutor, op: PlanOp, result: IterationResult) -> None:
-    ex.worker(op).sync_weights(op.role)
+    def restart(self) -> None:
+        raise ExecutionError("the local executor has no worker processes to restart; resume='auto' continues a run "
+                             "from its newest checkpoint")
 
+    # -- the transport: calls run at once --------------------------------------------------------
+    def _send(self, slot: Slot, method: str, *args) -> _Done:
+        try:
+            return _Done(getattr(self.slots[slot.name], method)(*args))
+        except Exception as err:  # raised by _fetch, where the op is named
+            return _Done(error=err)
 
-def _offload(ex: LocalExecutor, op: PlanOp, result: IterationResult) -> None:
-    ex.worker(op).offload(op.role, op.items)
+    def _wait(self, refs: list, timeout: float) -> None:
+        pass
 
+    def _ready(self, refs: list) -> list[bool]:
+        return [True] * len(refs)
 
-def _onload(ex: LocalExecutor, op: PlanOp, result: IterationResult) -> None:
-    ex.worker(op).onload(op.role, op.items)
-
-
-OP_RUNNERS: dict[str, Callable[[LocalExecutor, PlanOp, IterationResult], None]] = {
-    "node": _run_node, "weight_sync": _weight_sync, "offload": _offload, "onload": _onload,
-}
+    def _fetch(self, ref: _Done, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
+        if ref.error is None:
+            return ref.value
+        if isinstance(ref.error, HybridflowError):
+            raise ref.error
+        raise ExecutionError(f"{what} failed on {slot.describe()}: {type(ref.error).__name__}: {ref.error}") from ref.error

@@ -14,7 +14,6 @@ its spec says where its model comes from and how its engines are set:
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 

@@ -44,6 +44,9 @@ class SpanRecorder:
     def add(self, span: Span) -> None:
         self.spans.append(span)
 
+    def started(self, op: str) -> None:
+        """Called as an executor starts op ``op`` (before its span exists); a hook for progress displays."""
+
     class _Timer:
         def __init__(self, recorder: "SpanRecorder", fields: dict) -> None:
             self.recorder, self.fields = recorder, fields

@@ -1,4 +1,4 @@
-"""LocalExecutor: runs compiled plans of the standard algorithms on tiny models, honouring weight syncs and offloads."""
+"""LocalExecutor: runs compiled, bound plans of the standard algorithms on tiny models, honouring weight syncs and offloads."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from hybridflow.algorithms import ALGORITHMS
-from hybridflow.compiler.local_plan import plan_local
+from hybridflow.compiler import compile_for, local_machine
+from hybridflow.compiler.models import ModelSpec
+from hybridflow.compiler.passes import BatchShape
 from hybridflow.compiler.plan import PlanOp
 from hybridflow.data import make_prompt_batch, make_tiny_model, make_tiny_tokenizer
 from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
@@ -41,6 +43,16 @@ def _specs(graph, *, reward=compute_score, share=True, lr=1e-2):
         else:
             specs[role.name] = RoleSpec(reward=reward, tokenizer=TOKENIZER)
     return specs
+
+
+TINY = ModelSpec.from_config(_model().config.to_dict(), name="tiny")
+BATCH = BatchShape(prompts=4, prompt_len=8, response_len=3, mini_batches=1)
+
+
+def plan_local(graph, placement=None, slots=1):
+    """The graph compiled for this machine (all roles on one CPU device unless ``placement`` says otherwise), bound."""
+    placement = placement or {r.name: "cpu" for r in graph.roles}
+    return compile_for(graph, TINY, machine=local_machine(slots), placement=placement, batch=BATCH)
 
 
 def _prompts(n=4):
@@ -142,3 +154,63 @@ def test_errors_name_what_is_wrong():
     nan_reward = LocalExecutor(plan, _specs(graph, reward=lambda *a, **k: float("nan")))
     with pytest.raises(RewardError, match="sample 0"):
         nan_reward.run_iteration({"prompts": _prompts()})
+
+
+# -- compiled placements: the same math wherever the roles are placed ---------------------------------
+
+PLACEMENTS = {
+    # name -> (placement request, CPU slots)
+    "device_map": (None, 1),
+    "colocate": ("colocate", 1),
+    "split": ("split", 2),  # actor+ref on one slot, critic on the other
+    "standalone": ("standalone", 3),  # actor, critic and ref on a slot each
+    "rollout_pool": ("actor+ref+critic@1;actor.generate@1", 2),  # generation on a pool of its own: a real copy
+}
+
+
+def _two_iterations(placement, slots):
+    graph = ALGORITHMS["ppo"].build()
+    torch.manual_seed(0)
+    plan = plan_local(graph, placement, slots)
+    executor = LocalExecutor(plan, _specs(graph, share=False, lr=0.05))
+    metrics = [executor.run_iteration({"prompts": _prompts()}).metrics for _ in range(2)]
+    return plan, executor, metrics
+
+
+def test_placements_compile_bind_and_agree():
+    _, _, reference = _two_iterations(*PLACEMENTS["device_map"])
+    for name, (placement, slots) in PLACEMENTS.items():
+        plan, executor, metrics = _two_iterations(placement, slots)
+        assert plan.machine and all(d == "cpu" for p in plan.pools for d in p.devices), name
+        if name in ("split", "standalone", "rollout_pool"):
+            assert len([p for p in plan.pools if p.slots[0].startswith("n0.")]) == slots, plan.to_text()
+        for got, want in zip(metrics, reference):
+            for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/entropy"):
+                assert got[key] == pytest.approx(want[key], abs=1e-5), (name, key)
+    # the rollout pool's engine is a copy of the actor's weights, refreshed by the plan's cross-pool sync
+    plan, executor, _ = _two_iterations(*PLACEMENTS["rollout_pool"])
+    placement = plan.placement("actor")
+    train = executor.workers[placement.pool].engines["actor"].train.module
+    rollout = executor.workers[placement.generation_pool].engines["actor"].rollout.model
+    assert rollout is not train
+    sync = next(op for op in plan.ops if op.kind == "weight_sync")
+    assert sync.target_pool == placement.generation_pool
+
+
+def test_unbound_and_oversized_plans_are_named_errors():
+    from hybridflow.compiler import bind
+    from hybridflow.compiler.compile import compile
+    from hybridflow.errors import BindError, PlanError
+
+    graph = ALGORITHMS["grpo"].build(n=2, kl_loss=False)
+    machine = local_machine(2)
+    plan = compile(graph, machine.cluster(), {"actor": TINY, "reward": "rule"}, placement="colocate", batch=BATCH)
+    with pytest.raises(PlanError, match="not bound to a machine"):
+        LocalExecutor(plan, _specs(graph))
+    with pytest.raises(BindError, match=r"pool 'pool0' \(actor\) needs 2 device\(s\) n0.d0, n0.d1; n0.d1 is not on this machine"):
+        bind(plan, local_machine(1))
+    with pytest.raises(ExecutionError, match="span several devices.*executor='ray'"):
+        LocalExecutor(bind(plan, machine), _specs(graph))
+    with pytest.raises(BindError, match="cuda:1"):
+        bind(compile(graph, machine.cluster(), {"actor": TINY, "reward": "rule"}, placement={"actor": "cuda:1"}, batch=BATCH),
+             machine)

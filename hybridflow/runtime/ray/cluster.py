@@ -63,8 +63,15 @@ def _device_resource(resource: DeviceResource) -> str:
     return resource
 
 
-def pool_bundle(devices: tuple[str, ...], resource: str, cpus_per_worker: float) -> dict[str, float]:
-    """One slot's bundle: a GPU (and CPUs) on GPU clusters, except for pools of host CPUs ('cpu' devices)."""
+HOST_POOL_CPUS = 0.5
+"""CPU resource of a slot of a host pool (rule rewards and costs: functions, no model)."""
+
+
+def pool_bundle(devices: tuple[str, ...], resource: str, cpus_per_worker: float, *, host: bool = False) -> dict[str, float]:
+    """One slot's bundle: a GPU (and CPUs) on GPU clusters, except for pools of host CPUs ('cpu' devices);
+    half a CPU (at most ``cpus_per_worker``) for a host pool's function."""
+    if host:
+        return {"CPU": min(cpus_per_worker, HOST_POOL_CPUS)}
     if resource == "GPU" and any(d != "cpu" for d in devices):
         return {"CPU": cpus_per_worker, "GPU": 1.0}
     if cpus_per_worker <= 0:
@@ -76,7 +83,10 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
                   timeout_s: float = 120.0) -> PoolReservation:
     """One PACKed placement group per pool, one bundle per device; PlacementError when Ray cannot place one."""
     kind = _device_resource(resource)
-    bundles = {pool.name: pool_bundle(pool.devices, kind, cpus_per_worker) for pool in plan.pools}
+    from ...compiler.passes.placement import HOST
+
+    bundles = {pool.name: pool_bundle(pool.devices, kind, cpus_per_worker, host=pool.name.split("_")[0] == HOST)
+               for pool in plan.pools}
     groups: dict[str, PlacementGroup] = {}
     for pool in plan.pools:
         groups[pool.name] = placement_group([dict(bundles[pool.name]) for _ in pool.devices], strategy="PACK",

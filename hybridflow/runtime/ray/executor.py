@@ -1,16 +1,16 @@
-"""RayExecutor: runs an ExecutionPlan on a Ray cluster, one actor per device slot.
+"""RayExecutor: runs a bound ExecutionPlan on a Ray cluster, one actor per device slot.
 
-The same interpreter of the same plan as the LocalExecutor (STYLE.md,
-principle 3), distributed:
+The same interpreter of the same plan as the LocalExecutor (:mod:`..interpreter`;
+STYLE.md, principle 3), distributed:
 
 * **placement** — one placement group per pool (:mod:`.cluster`), one actor per
   device slot in it, hosting a :class:`~hybridflow.runtime.worker.RoleWorker`
-  for every role placed on the pool (:mod:`.slot_worker`); all slots form one
+  for every role placed on the pool (:mod:`..slot_worker`); all slots form one
   ``torch.distributed`` world with a group per pool (FSDP2 when dp > 1) and a
-  group per cross-pool weight sync (:mod:`.topology`);
+  group per cross-pool weight sync (:mod:`..topology`);
 * **dispatch** — each op goes to every slot of its pool, the batch split by
-  data-parallel rank and the results merged (:mod:`.op_dispatch`,
-  :mod:`.dispatch`); controller ops (``compute`` nodes) run in this process;
+  data-parallel rank and the results merged (:data:`..interpreter.OP_SUBMITTERS`,
+  :mod:`..dispatch`); controller ops (``compute`` nodes) run in this process;
 * **concurrency** — ops are sent as soon as their dependencies are done and
   every earlier op of the same pool has been sent (the plan's per-pool order),
   without waiting: ops on disjoint pools run at the same time, and the
@@ -26,28 +26,22 @@ principle 3), distributed:
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Mapping
 
 import ray
 
-from ...compiler.plan import ExecutionPlan, PlanOp
+from ...compiler.plan import ExecutionPlan
 from ...errors import ExecutionError, HybridflowError, WorkerLostError
-from ...graph import CONTROLLER
-from ..batch import Batch
-from ..local import IterationResult
-from ..node_calls import WorkerCall, run_compute
+from ..interpreter import PlanExecutor
+from ..node_calls import WorkerCall
 from ..roles import RoleSpec
-from ..spans import Span, SpanRecorder
+from ..slot_worker import SlotWorker
+from ..spans import SpanRecorder
+from ..dispatch import merge_results, split_for_ranks
+from ..topology import Slot, Topology
 from ..weight_sync import DEFAULT_BUCKET_BYTES
 from .cluster import DeviceResource, connect, free_port, release_pools, reserve_pools
-from .dispatch import merge_results, split_for_ranks
-from .op_dispatch import OP_SUBMITTERS, InFlight
-from .overlap import run_overlapped
-from .streams import IterationState, Stream
 from .remote_engines import RemoteWorker
-from .slot_worker import SlotWorker
-from .topology import Slot, Topology, topology
 
 __all__ = ["RayExecutor"]
 
@@ -60,7 +54,7 @@ def group_backend(ranks, topo: Topology, devices: Mapping[str, str]) -> str:
     return "nccl" if all(devices[slots[r].name].startswith("cuda") for r in ranks) else "gloo"
 
 
-class RayExecutor:
+class RayExecutor(PlanExecutor):
     """Runs ``plan`` on Ray with the engines ``specs`` describe (role name -> :class:`RoleSpec`).
 
     Args:
@@ -78,30 +72,20 @@ class RayExecutor:
         recorder: where the per-op spans go (e.g. the trainer's PhaseRecorder).
     """
 
+    overlaps = True
+
     def __init__(self, plan: ExecutionPlan, specs: Mapping[str, RoleSpec], *, address: str | None = None,
                  num_cpus: int | None = None, num_gpus: int | None = None, device_resource: DeviceResource = "auto",
                  cpus_per_worker: float = 1.0, collective_timeout_s: float = 60.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, seed: int = 0, recorder: SpanRecorder | None = None,
                  pin_cpus: Mapping[str, tuple[int, ...]] | None = None, poll_s: float = 1.0,
                  setup_timeout_s: float = 600.0, request_timeout_s: float = 600.0):
-        self.plan = plan
-        self.plan_graph = plan.graph_ir()
-        self.graph = self.plan_graph
-        """The graph the current (or last) call runs: the plan's, with that call's ``params``."""
-        missing = [r.name for r in self.graph.roles if r.name not in specs]
-        if missing:
-            raise ExecutionError(f"no RoleSpec for role(s) {missing}; give one per role of graph {self.graph.name!r}")
-        self.specs = dict(specs)
-        self.topology = topology(plan, {r.name: r.kind for r in self.graph.roles})
-        self.recorder = recorder or SpanRecorder()
-        self.worker_spans: list[Span] = []
-        self.iteration = 0
+        super().__init__(plan, specs, recorder=recorder)
         self.poll_s = poll_s
         self.request_timeout_s = request_timeout_s
         self._options = dict(device_resource=device_resource, cpus_per_worker=cpus_per_worker, pin_cpus=dict(pin_cpus or {}),
                              timeout_s=collective_timeout_s, bucket_bytes=bucket_bytes, seed=seed,
                              setup_timeout_s=setup_timeout_s)
-        self._ahead: Stream | None = None
         self._owns_ray = connect(address, num_cpus=num_cpus, num_gpus=num_gpus)
         self._actors: dict[str, Any] = {}
         self._reservation = None
@@ -205,124 +189,27 @@ class RayExecutor:
         """Pool name -> its engines as seen from here (:mod:`.remote_engines`), like LocalExecutor.workers."""
         return {pool.name: RemoteWorker(self, pool.name) for pool in self.plan.pools}
 
-    # -- one iteration -----------------------------------------------------------------------------
-    def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None,
-                      params: Mapping[str, Mapping[str, object]] | None = None) -> IterationResult:
-        """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
+    # -- the transport: Ray object refs ---------------------------------------------------------------
+    def _send(self, slot: Slot, method: str, *args) -> Any:
+        return getattr(self.actor(slot), method).remote(*args)
 
-        ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for the ops
-        this call runs (they run here, on the controller; see :meth:`Graph.with_params`).
+    def _wait(self, refs: list, timeout: float) -> None:
+        ray.wait(refs, num_returns=1, timeout=timeout)
 
-        With a plan of ``staleness`` 1, ``next_inputs`` are the next step's inputs: their generation
-        (the ops with ``iteration_offset`` 1) starts now, with the weights before this step's update,
-        runs while this step trains, and is what the next call trains on (see :mod:`.overlap`).
-        """
-        self._check_inputs(inputs)
-        self.graph = self.plan_graph.with_params(params or {})
-        if self.plan.staleness == 0:
-            stream = Stream(list(self.plan.ops), IterationState(env=dict(inputs)), self.iteration)
-            self._drive([stream], stream)
-            self.iteration += 1
-            return IterationResult(env=stream.state.env, metrics=stream.state.metrics)
-        if next_inputs is not None:
-            self._check_inputs(next_inputs)
-        return run_overlapped(self, inputs, next_inputs)
+    def _ready(self, refs: list) -> list[bool]:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready_ids = {id(r) for r in ready}
+        return [id(r) in ready_ids for r in refs]
 
-    def _check_inputs(self, inputs: Mapping[str, Batch]) -> None:
-        expected = {i.name for i in self.graph.inputs}
-        if set(inputs) != expected:
-            raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
+    def _fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
+        try:
+            return ray.get(ref)
+        except Exception as err:
+            raise self._failure(what, slot, err) from None
+
+    def _check_running(self) -> None:
         if not self._actors:
             raise ExecutionError("the executor's workers are stopped (shutdown); create a new RayExecutor")
-
-    def _drive(self, streams: list[Stream], target: Stream) -> None:
-        """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight)."""
-        while not target.finished:
-            for stream in streams:
-                self._send_ready(stream)
-            flights = [(stream, f) for stream in streams for f in stream.inflight.values()]
-            if not flights:
-                if not target.finished:
-                    raise ExecutionError(f"ops {[op.name for op in target.pending]} wait on ops that never run; "
-                                         "the plan's deps are broken")
-                break
-            refs = [ref for _, f in flights for i, ref in enumerate(f.refs) if i not in f.results]
-            ray.wait(refs, num_returns=1, timeout=self.poll_s)
-            for stream, flight in flights:
-                if self._collect(flight):
-                    del stream.inflight[flight.op.name]
-                    flight.finish([flight.results[i] for i in range(len(flight.refs))])
-                    self._record(flight, stream.iteration)
-                    stream.done.add(flight.op.name)
-
-    def _send_ready(self, stream: Stream) -> None:
-        """Send (or, for controller ops, run) every op whose deps are done, keeping each pool's plan order."""
-        progress = True
-        while progress:
-            progress, blocked = False, set()
-            for op in list(stream.pending):
-                pools = {op.pool, op.target_pool} - {None}
-                if not all(d in stream.done for d in op.deps) or pools & blocked:
-                    blocked |= pools
-                    continue
-                stream.pending.remove(op)
-                if op.pool is None:
-                    self._run_controller(op, stream)
-                    stream.done.add(op.name)
-                    progress = True
-                else:
-                    try:
-                        stream.inflight[op.name] = OP_SUBMITTERS[op.kind](self, op, stream.state)
-                    except HybridflowError:
-                        raise
-                    except Exception as err:
-                        raise ExecutionError(f"op {op.name!r} (role {op.role!r} on pool {op.pool!r}) could not be sent: "
-                                             f"{type(err).__name__}: {err}") from err
-
-    def _run_controller(self, op: PlanOp, stream: Stream) -> None:
-        node = self.graph.node(op.node)
-        with self.recorder.record(op=op.name, node=op.node, kind=node.kind, role=op.role, device=CONTROLLER,
-                                  iteration=stream.iteration):
-            try:
-                stream.state.env[node.name] = run_compute(node, stream.state.env)
-            except HybridflowError:
-                raise
-            except Exception as err:
-                raise ExecutionError(f"op {op.name!r} (role {op.role!r} on the controller) failed: "
-                                     f"{type(err).__name__}: {err}") from err
-
-    def _collect(self, flight: InFlight) -> bool:
-        """Fetch the slots' results that are ready; True when all are in. A failed slot raises at once."""
-        waiting = [i for i in range(len(flight.refs)) if i not in flight.results]
-        ready, _ = ray.wait([flight.refs[i] for i in waiting], num_returns=len(waiting), timeout=0)
-        ready_ids = {id(r) for r in ready}
-        for i in waiting:
-            if id(flight.refs[i]) not in ready_ids:
-                continue
-            try:
-                value, times = ray.get(flight.refs[i])
-            except Exception as err:
-                raise self._failure(f"op {flight.op.name!r}", flight.slots[i], err) from None
-            flight.results[i], flight.times[i] = value, times
-        return len(flight.results) == len(flight.refs)
-
-    # -- spans ---------------------------------------------------------------------------------------
-    def _clock(self, wall: float) -> float:
-        """A wall-clock time of a worker on the recorder's clock."""
-        return wall - (time.time() - self.recorder.now())
-
-    def _record(self, flight: InFlight, iteration: int) -> None:
-        op = flight.op
-        fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=iteration)
-        for i, slot in enumerate(flight.slots):
-            start, end = flight.times[i]
-            self.worker_spans.append(Span(device=slot.name, start=self._clock(start), end=self._clock(end), **fields))
-        starts, ends = zip(*flight.times.values())
-        self.recorder.add(Span(device=op.pool, start=self._clock(min(starts)), end=self._clock(max(ends)), **fields))
-
-    def trace_spans(self) -> list[Span]:
-        """Per-op spans (one track per pool and the controller) and per-worker spans (one track per slot)."""
-        return sorted([*self.recorder.spans, *self.worker_spans], key=lambda s: s.start)
 
     # -- faults ----------------------------------------------------------------------------------------
     def _failure(self, what: str, slot: Slot, err: Exception) -> Exception:

@@ -1,7 +1,7 @@
-"""Shared pieces of the Ray tests: tiny models and specs, prompts, and hand-built multi-device plans.
+"""Shared pieces of the Ray tests: tiny models and specs, prompts, and compiled multi-device plans.
 
-ExecutionPlan is plain data, so the tests build the placements they need by hand
-(:func:`hand_plan`) rather than depending on the compiler's search. Everything here is
+Every plan here comes from the compiler (:func:`compiled_plan`: ``compile`` for a
+machine of virtual GPUs, then ``bind``), as in a training run. Everything here is
 pickled by value into the Ray workers (see conftest), so reward functions defined here
 run there.
 """
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.compiler.local_plan import plan_local
-from hybridflow.compiler.plan import ExecutionPlan, LayoutPlan, PoolPlan, RolePlacement, verify_plan
+from hybridflow.compiler import Machine, compile_for
+from hybridflow.compiler.models import ModelSpec
+from hybridflow.compiler.passes import BatchShape
+from hybridflow.compiler.plan import ExecutionPlan
 from hybridflow.data import make_prompt_batch, make_tiny_model, make_tiny_tokenizer
 from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
 from hybridflow.runtime.engines import SamplingParams, TrainEngineConfig, ValueModel
@@ -55,60 +57,29 @@ def prompts(step: int = 0, count: int = 3):
     return make_prompt_batch(ROWS[step * count:(step + 1) * count], TOKENIZER)
 
 
-PLACEMENTS = {
-    # every role on one pool of two devices: data parallel (FSDP2) everywhere, hybrid engine
-    "colocate": lambda roles: {"pool0": (roles, 2)},
-    # the policy side and the reward side on pools of their own
-    "split": lambda roles: {"pool0": tuple(r for r in roles if r in ("actor", "ref")),
-                            "pool1": tuple(r for r in roles if r not in ("actor", "ref"))},
-    # one pool per role
-    "standalone": lambda roles: {f"pool{i}": ((r,), 1) for i, r in enumerate(roles)},
-}
+TINY = ModelSpec.from_config(tiny_model().config.to_dict(), name="tiny-qwen2")
+BATCH = BatchShape(prompts=3, prompt_len=8, response_len=3, mini_batches=1)
+
+
+def compiled_plan(graph, placement, slots: int, *, staleness: int = 0) -> ExecutionPlan:
+    """``graph`` compiled for ``slots`` (virtual) GPUs of the test's Ray cluster and bound to them.
+
+    The test cluster's GPUs are Ray resources only: slots reserve them and compute on CPU.
+    """
+    machine = Machine("cuda", slots, where="ray")
+    return compile_for(graph, TINY, machine=machine, placement=placement, staleness=staleness, batch=BATCH)
 
 
 def placement_plan(graph, name: str) -> ExecutionPlan:
-    """The ``colocate`` / ``split`` / ``standalone`` plan of ``graph`` on virtual devices."""
-    pools = PLACEMENTS[name](tuple(r.name for r in graph.roles))
-    pools = {k: v if isinstance(v[-1], int) else (v, 1) for k, v in pools.items()}
-    return hand_plan(graph, pools, strategy=name)
-
-
-def hand_plan(graph, pools: dict[str, tuple[tuple[str, ...], int]], *, generation: tuple[str, str] | None = None,
-              strategy: str = "manual") -> ExecutionPlan:
-    """``pools``: name -> (roles, device count); ``generation``: (policy role, pool) for a separate rollout pool.
-
-    The schedule is plan_local's (graph order, a weight sync before each generation), with every op moved to
-    its role's pool; a policy's generate op runs on the generation pool, and its weight sync broadcasts there.
-    """
-    where = {role: name for name, (roles, _) in pools.items() for role in roles}
-    missing = {r.name for r in graph.roles} - set(where) - ({generation[0]} if generation else set())
-    assert not missing, f"roles {missing} have no pool"
-    offset, pool_plans = 0, []
-    for name, (_, count) in pools.items():
-        pool_plans.append(PoolPlan(name=name, devices=tuple(f"n0.d{offset + i}" for i in range(count))))
-        offset += count
-    size = {name: count for name, (_, count) in pools.items()}
-    placements = []
-    for role in graph.roles:
-        gen_pool = generation[1] if generation and generation[0] == role.name else None
-        placements.append(RolePlacement(
-            role=role.name, pool=where[role.name], layout=LayoutPlan(dp=size[where[role.name]]),
-            generation_layout=LayoutPlan(dp=size[gen_pool or where[role.name]]) if role.kind == "policy" else None,
-            generation_pool=gen_pool))
-    gen_of = {p.role: p.generation_pool for p in placements if p.generation_pool}
-    ops = []
-    for op in plan_local(graph).ops:
-        pool = None if op.pool is None else where[op.role]
-        update = {"pool": pool}
-        if op.kind == "weight_sync" and op.role in gen_of:
-            update["target_pool"] = gen_of[op.role]
-        if op.kind == "node" and graph.node(op.node).kind == "generate" and op.role in gen_of:
-            update["pool"] = gen_of[op.role]
-        ops.append(op.model_copy(update=update))
-    plan = ExecutionPlan(graph=plan_local(graph).graph, cluster="virtual", strategy=strategy, pools=tuple(pool_plans),
-                         placements=tuple(placements), ops=tuple(ops))
-    verify_plan(plan, after="hand_plan")
-    return plan
+    """The ``colocate`` (every model role on one pool of 2 devices), ``split`` (the policy side and the rest on a
+    device each; for a graph without a critic, actor and ref apart) or ``standalone`` (a device per model role) plan."""
+    model_roles = [r.name for r in graph.roles if r.kind not in ("reward", "cost")]
+    if name == "colocate":
+        return compiled_plan(graph, "colocate", 2)
+    if name == "split":
+        critic = any(r.kind == "critic" for r in graph.roles)
+        return compiled_plan(graph, "split" if critic else "actor@1;ref@1", 2)
+    return compiled_plan(graph, "standalone", len(model_roles))
 
 
 # -- a rendezvous of reward functions on different pools (proves they run at the same time) ----------

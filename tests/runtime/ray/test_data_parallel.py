@@ -13,7 +13,7 @@ import copy
 
 import pytest
 import torch
-from ray_testkit import TOKENIZER, hand_plan, prompts, role_specs, tiny_model
+from ray_testkit import TOKENIZER, compiled_plan, prompts, role_specs, tiny_model
 
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams, TrainEngine, TrainEngineConfig
@@ -36,7 +36,8 @@ def _batch():
 @pytest.mark.e2e
 def test_dp2_fsdp_update_equals_dp1(ray_cluster):
     graph = ALGORITHMS["rloo"].build(n=1)
-    plan = hand_plan(graph, {"pool0": (("actor", "reward"), 2)})
+    plan = compiled_plan(graph, "colocate", 2)
+    assert plan.placement("actor").layout.dp == 2
     batch = _batch()
     single = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32", **CONFIG))
     with RayExecutor(plan, role_specs(graph, **CONFIG)) as executor:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.engines import RewardOutput
-from hybridflow.runtime.ray.dispatch import merge_results, merge_update_metrics, split_for_ranks
+from hybridflow.runtime.dispatch import merge_results, merge_update_metrics, split_for_ranks
 
 
 def _prompts(rows: int) -> Batch:

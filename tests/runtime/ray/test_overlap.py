@@ -12,9 +12,8 @@ import os
 
 import pytest
 import torch
-from ray_testkit import grpo_tis, hand_plan, prompts, role_specs, tiny_model
+from ray_testkit import compiled_plan, grpo_tis, prompts, role_specs, tiny_model
 
-from hybridflow.compiler.passes.schedule import overlap_generation
 from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
 from hybridflow.runtime.ray import RayExecutor
 
@@ -30,14 +29,14 @@ def _log_probs_under(state: dict, batch) -> torch.Tensor:
 @pytest.mark.e2e
 def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluster):
     graph = grpo_tis.build(n=2, cap=CAP)
-    plan = overlap_generation(hand_plan(graph, {"train": (("actor", "reward"), 1), "gen": ((), 1)},
-                                        generation=("actor", "gen")), 1)
+    plan = compiled_plan(graph, "split", 2, staleness=1)  # actor on pool0, its generation on pool1
+    assert plan.placement("actor").generation_pool == "pool1" and plan.staleness == 1
     batches = [{"prompts": prompts(i)} for i in range(4)]
     last = (os.cpu_count() or 1) - 1
-    with RayExecutor(plan, role_specs(graph, lr=5e-2), pin_cpus={"gen": (0,), "train": (last,)}) as executor:
+    with RayExecutor(plan, role_specs(graph, lr=5e-2), pin_cpus={"pool1": (0,), "pool0": (last,)}) as executor:
         # each pool's worker runs on the core it was pinned to
-        assert executor.slot_info["gen/rank0"]["cpus"] == [0] and executor.slot_info["train/rank0"]["cpus"] == [last]
-        actor = executor.workers["train"].engines["actor"].train
+        assert executor.slot_info["pool1/rank0"]["cpus"] == [0] and executor.slot_info["pool0/rank0"]["cpus"] == [last]
+        actor = executor.workers["pool0"].engines["actor"].train
         weights = [actor.state_dict()["model"]]  # weights[i]: before step i's update
         results = []
         for i in range(3):
@@ -57,6 +56,6 @@ def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluste
         assert torch.allclose(result.env["truncated_is_weight"]["is_weights"] * mask, expected_weights, atol=1e-6)
     # The generation for step i+1 started before step i's update ended.
     for i in range(2):
-        generate = next(s for s in spans if s.op == "actor.generate" and s.iteration == i + 1 and s.device == "gen")
-        update = next(s for s in spans if s.op == "actor.update" and s.iteration == i and s.device == "train")
+        generate = next(s for s in spans if s.op == "actor.generate" and s.iteration == i + 1 and s.device == "pool1")
+        update = next(s for s in spans if s.op == "actor.update" and s.iteration == i and s.device == "pool0")
         assert generate.start < update.end

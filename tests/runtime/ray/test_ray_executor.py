@@ -14,7 +14,7 @@ import torch
 from ray_testkit import placement_plan, prompts, role_specs
 
 from hybridflow.algorithms import ALGORITHMS
-from hybridflow.compiler.local_plan import plan_local
+from hybridflow.compiler import compile_for, local_machine
 from hybridflow.runtime.local import LocalExecutor
 from hybridflow.runtime.ray import RayExecutor
 from hybridflow.runtime.spans import chrome_trace
@@ -38,7 +38,12 @@ def _finite_outputs(graph, result):
 def test_three_steps_on_each_placement(ray_cluster, algorithm, placement):
     graph = _graph(algorithm)
     plan = placement_plan(graph, placement)
-    local = None if placement == "colocate" else LocalExecutor(plan_local(graph), role_specs(graph))
+    local = None
+    if placement != "colocate":  # the same placement on this process's CPU
+        from ray_testkit import BATCH, TINY
+
+        local = LocalExecutor(compile_for(graph, TINY, machine=local_machine(), placement={r.name: "cpu" for r in graph.roles},
+                                          batch=BATCH), role_specs(graph))
     with RayExecutor(plan, role_specs(graph)) as executor:
         # Every slot got its own (virtual) GPU from its pool's placement group.
         gpus = [info["gpu_ids"] for info in executor.slot_info.values()]
@@ -74,11 +79,11 @@ def test_ops_on_disjoint_pools_run_at_the_same_time(ray_cluster):
     # Safe-RLHF scores with a reward and a cost function; on pools of their own, both score nodes are
     # ready at once. Each function waits on its first call until the other has been called: an executor
     # that ran one pool's op after the other's would time out here instead of finishing the step.
-    from ray_testkit import hand_plan, meeting_score, rendezvous_actor
+    from ray_testkit import compiled_plan, meeting_score, rendezvous_actor
 
     graph = ALGORITHMS["safe_rlhf"].build()
-    plan = hand_plan(graph, {"models": (("actor", "critic", "cost_critic", "ref"), 1), "reward": (("reward",), 1),
-                             "cost": (("cost",), 1)})
+    plan = compiled_plan(graph, "colocate", 1)  # the reward and cost functions get a host pool each
+    assert {plan.placement("reward").pool, plan.placement("cost").pool} == {"host_reward", "host_cost"}
     meeting = rendezvous_actor(parties=2, timeout_s=60)
     specs = role_specs(graph)
     specs["reward"] = type(specs["reward"])(reward=meeting_score(meeting, "reward"), tokenizer=specs["reward"].tokenizer)

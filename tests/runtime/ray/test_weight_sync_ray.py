@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ray_testkit import hand_plan, prompts, role_specs
+from ray_testkit import compiled_plan, prompts, role_specs
 
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.runtime.ray import RayExecutor
@@ -24,12 +24,12 @@ def _max_gap(state_a: dict, state_b: dict) -> float:
 @pytest.mark.e2e
 def test_cross_pool_broadcast_keeps_rollout_in_step_with_training(ray_cluster):
     graph = ALGORITHMS["rloo"].build(n=2)
-    plan = hand_plan(graph, {"train": (("actor", "reward"), 2), "gen": ((), 2)}, generation=("actor", "gen"))
+    plan = compiled_plan(graph, "actor@2;actor.generate@2", 4)
     sync = next(op for op in plan.ops if op.kind == "weight_sync")
-    assert (sync.pool, sync.target_pool) == ("train", "gen")
+    assert (sync.pool, sync.target_pool) == ("pool0", "pool1")
     with RayExecutor(plan, role_specs(graph, lr=5e-2), bucket_bytes=BUCKET) as executor:
-        train = executor.workers["train"].engines["actor"]
-        rollout = executor.workers["gen"].engines["actor"]
+        train = executor.workers["pool0"].engines["actor"]
+        rollout = executor.workers["pool1"].engines["actor"]
         assert train.rollout is None and rollout.train is None  # each pool holds its half of the policy
         model_bytes = sum(t.numel() * t.element_size() for t in train.train.state_dict()["model"].values())
         for step in range(2):

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ...compiler.plan import ExecutionPlan, LayoutPlan, PlanOp
-from ...errors import ExecutionError
+from ..compiler.plan import ExecutionPlan, LayoutPlan, PlanOp
+from ..errors import ExecutionError
 
 __all__ = ["RoleSlot", "Slot", "Topology", "topology", "pool_group", "sync_group"]
 

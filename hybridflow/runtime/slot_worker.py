@@ -1,6 +1,11 @@
-"""The body of one Ray actor: a device slot hosting a :class:`RoleWorker` for every role placed there.
+"""One device slot of a plan, hosting a :class:`RoleWorker` for every role placed there.
 
-Lifecycle: the executor creates the actor in its pool's placement group, asks
+On Ray it is the body of one actor per slot; the LocalExecutor holds one per
+pool in its own process (:meth:`SlotWorker.setup_local`: no process groups,
+one device per pool, and a cross-pool weight sync is a copy through an
+in-process mailbox). Both executors call the same methods.
+
+Lifecycle on Ray: the executor creates the actor in its pool's placement group, asks
 it where it computes (:meth:`SlotWorker.probe`: CUDA when Ray gave it a GPU that
 torch can see, else CPU; optionally pinned to cores), then calls
 :meth:`SlotWorker.setup` on every slot at once: each joins the
@@ -21,11 +26,11 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ...errors import ExecutionError
-from ..batch import Batch
-from ..roles import RoleSpec
-from ..weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
-from ..worker import RoleWorker
+from ..errors import ExecutionError
+from .batch import Batch
+from .roles import RoleSpec
+from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
+from .worker import RoleWorker
 from .slot_engines import build_slot_engines
 from .topology import Slot, pool_group
 
@@ -49,6 +54,8 @@ class SlotWorker:
         self.group_devices: dict[str, torch.device] = {}
         self.worker: RoleWorker | None = None
         self.device = "cpu"
+        self.mailbox: dict[str, list] | None = None
+        """Local slots: cross-pool weight syncs in this process (sync group -> the sender's tensors)."""
 
     # -- set-up ------------------------------------------------------------------------------
     def probe(self, use_gpu: bool, cpus: Sequence[int] = ()) -> str:
@@ -87,6 +94,18 @@ class SlotWorker:
         return {"pid": os.getpid(), "host": os.uname().nodename, "device": self.device,
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "cpus": sorted(os.sched_getaffinity(0))}
 
+    def setup_local(self, device: str, mailbox: dict[str, list]) -> None:
+        """Build the engines in this process on ``device`` (the LocalExecutor's slots: one per pool, dp 1)."""
+        wide = [r.role for r in self.slot.roles if r.dp > 1]
+        if wide:
+            raise ExecutionError(f"pool {self.slot.pool!r} spreads roles {wide} over {max(r.dp for r in self.slot.roles)} "
+                                 "data-parallel ranks; the local executor runs one device per pool. Use executor='ray' "
+                                 "(one process per slot, FSDP2) or compile with one device per pool (cpu_slots=1)")
+        self.device, self.mailbox = device, mailbox
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
+        self.worker = RoleWorker.from_engines(device, build_slot_engines(self.slot.roles, self.specs, device))
+
     def ping(self) -> int:
         return os.getpid()
 
@@ -121,6 +140,11 @@ class SlotWorker:
         """Train pool side of a cross-pool sync (every train rank gathers; pool rank 0 broadcasts)."""
         start = time.time()
         train = self.worker._engines(role, "train").train
+        if self.mailbox is not None:  # local: hand the tensors to the receiving slot of this process
+            named = [(name, tensor.detach()) for name, tensor in train.named_weights()]
+            self.mailbox[group] = named
+            moved = sum(t.numel() * t.element_size() for _, t in named)
+            return SyncStats(len(named), moved, 1, 0, time.time() - start), (start, time.time())
         specs = tensor_specs(train.module.state_dict())
         stats = broadcast_send(train.named_weights(), specs, group=self.groups.get(group), src=src,
                                is_src=self.slot.global_rank == src, device=self.group_devices.get(group, torch.device("cpu")),
@@ -131,6 +155,11 @@ class SlotWorker:
         """Generation pool side of a cross-pool sync."""
         start = time.time()
         rollout = self.worker._engines(role, "rollout").rollout
+        if self.mailbox is not None:
+            if group not in self.mailbox:
+                raise ExecutionError(f"slot {self.slot.describe()}: weight sync {group!r} received before it was sent")
+            stats = stream_into(rollout, self.mailbox.pop(group), bucket_bytes=self.bucket_bytes)
+            return stats, (start, time.time())
         stats = broadcast_receive(rollout, group=self.groups[group], src=src, device=self.group_devices[group],
                                   bucket_bytes=self.bucket_bytes)
         return stats, (start, time.time())

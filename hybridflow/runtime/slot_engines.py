@@ -11,12 +11,15 @@
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Mapping
 
-from ...errors import ConfigError
-from ..engines import TrainEngineConfig
-from ..roles import RoleEngines, RoleSpec, build_engines
+import torch
+
+from ..errors import ConfigError
+from .engines import TrainEngineConfig
+from .roles import RoleEngines, RoleSpec, build_engines
 from .topology import RoleSlot
 
 __all__ = ["build_slot_engines", "rank_train_config"]
@@ -38,13 +41,16 @@ def _engines(slot: RoleSlot, spec: RoleSpec, device: str, mesh) -> RoleEngines:
     sharded = slot.train and slot.dp > 1
     if sharded:
         spec = dataclasses.replace(spec, share_rollout_module=False)
+    if not slot.train and isinstance(spec.model, torch.nn.Module):
+        # a generation pool's own weights, even when its slot shares a process with the train pool (LocalExecutor)
+        spec = dataclasses.replace(spec, model=copy.deepcopy(spec.model))
     engines = build_engines(slot.role, slot.kind, spec, device)
     if slot.kind != "policy" or not slot.rollout:
         engines.rollout = None
     if not slot.train:
         engines.train = None
     if sharded and engines.train is not None:
-        from ..engines.fsdp import FSDPTrainEngine
+        from .engines.fsdp import FSDPTrainEngine
 
         old = engines.train
         engines.train = FSDPTrainEngine(old.module, rank_train_config(old.config, slot.dp, slot.role), mesh=mesh,

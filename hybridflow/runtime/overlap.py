@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from ...errors import ExecutionError
-from ..batch import Batch
-from ..local import IterationResult
-from .streams import IterationState, Stream
+from ..errors import ExecutionError
+from .batch import Batch
+from .interpreter import IterationResult, IterationState, Stream
 
 if TYPE_CHECKING:
-    from .executor import RayExecutor
+    from .interpreter import PlanExecutor
 
 __all__ = ["run_overlapped"]
 
@@ -41,11 +40,11 @@ def _same_inputs(a: Mapping[str, Batch], b: Mapping[str, Batch]) -> bool:
     return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
 
 
-def run_overlapped(ex: "RayExecutor", inputs: Mapping[str, Batch], next_inputs: Mapping[str, Batch] | None) -> IterationResult:
+def run_overlapped(ex: "PlanExecutor", inputs: Mapping[str, Batch], next_inputs: Mapping[str, Batch] | None) -> IterationResult:
     """One call of a staleness-1 plan (see the module docstring)."""
     ahead_ops = [op for op in ex.plan.ops if op.iteration_offset > 0]
     if any(op.iteration_offset > 1 for op in ahead_ops):
-        raise ExecutionError(f"plan staleness {ex.plan.staleness}: the Ray executor overlaps one step (staleness 1); "
+        raise ExecutionError(f"plan staleness {ex.plan.staleness}: the executor overlaps one step (staleness 1); "
                              "compile with staleness=1")
     current_ops = [op for op in ex.plan.ops if op.iteration_offset == 0]
     carried, ex._ahead = ex._ahead, None

@@ -25,8 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..batch import Batch
-from ..engines import RewardOutput
+from .batch import Batch
+from .engines import RewardOutput
 
 __all__ = ["Split", "split_for_ranks", "MERGERS", "merge_results", "merge_update_metrics"]
 

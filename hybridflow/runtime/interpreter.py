@@ -1,0 +1,303 @@
+"""The plan interpreter both executors share: a ready queue over the plan's ops.
+
+One run loop for every executor (STYLE.md, principle 3). A :class:`Stream` is
+one run through a list of plan ops with its own environment (producer name ->
+:class:`Batch`): a whole iteration, or, with overlap (:mod:`.overlap`), the
+generation working ahead for the next iteration. :class:`PlanExecutor` drives
+streams:
+
+* an op is **sent** as soon as its ``deps`` are done and every earlier op of
+  its pool (and of its target pool) has been sent — the plan's per-pool order;
+  controller ops (``compute`` nodes) run at once in this process;
+* sending goes through :data:`OP_SUBMITTERS` (one entry per plan op kind:
+  node, weight_sync, offload, onload), which asks each slot of the op's pool
+  for its part — a node's batch split over the pool's data-parallel ranks
+  (:mod:`.dispatch`) — and returns an :class:`InFlight` whose ``finish``
+  merges the slots' results into the environment;
+* the executor waits on every in-flight op at once and finishes each as its
+  slots' results arrive.
+
+A backend (a subclass) says only how a call reaches a slot and how its result
+comes back: :meth:`PlanExecutor._send` (``slot.method(*args)``: at once on the
+LocalExecutor's in-process slots, a Ray object ref on the RayExecutor's
+actors), :meth:`_wait` and :meth:`_fetch`. Weight syncs, offloads and onloads
+run where the plan puts them; nothing is re-decided here.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..compiler.plan import ExecutionPlan, PlanOp
+from ..errors import ExecutionError, HybridflowError, PlanError
+from ..graph import CONTROLLER
+from .batch import Batch
+from .dispatch import merge_results, split_for_ranks
+from .node_calls import node_call, node_output, run_compute
+from .roles import RoleSpec
+from .spans import Span, SpanRecorder
+from .topology import Slot, Topology, sync_group, topology
+
+__all__ = ["IterationResult", "IterationState", "Stream", "InFlight", "OP_SUBMITTERS", "PlanExecutor"]
+
+
+@dataclass
+class IterationResult:
+    """What one iteration produced: every node's output batch and the update metrics."""
+
+    env: dict[str, Batch]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class IterationState:
+    """The environment (producer name -> Batch) and metrics of one run through plan ops."""
+
+    env: dict[str, Batch]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class InFlight:
+    """An op sent to ``slots`` (``refs[i]`` is slot i's result); ``finish(results)`` runs when all are in."""
+
+    op: PlanOp
+    slots: tuple[Slot, ...]
+    refs: list
+    finish: Callable[[Sequence[Any]], None]
+    kind: str
+    results: dict[int, Any] = field(default_factory=dict)
+    times: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass
+class Stream:
+    """Plan ops to send (``pending``), sent (``inflight``) and finished (``done``), for one ``iteration``."""
+
+    pending: list[PlanOp]
+    state: IterationState
+    iteration: int
+    done: set[str] = field(default_factory=set)
+    inflight: dict[str, InFlight] = field(default_factory=dict)
+    inputs: Mapping[str, Batch] | None = None
+    """The graph inputs this stream works on (a generation ahead is matched to the next call's inputs)."""
+
+    @property
+    def finished(self) -> bool:
+        return not self.pending and not self.inflight
+
+
+# -- op submitters: one per plan op kind ----------------------------------------------------------
+
+def _node(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
+    node = ex.graph.node(op.node)
+    call = node_call(node, state.env)
+    slots = ex.topology.pool_slots(op.pool)
+    split = split_for_ranks(call.method, call.batch, len(slots))
+    refs = [ex._send(slot, "run", call.method, call.role, part, call.args) for slot, part in zip(slots, split.parts)]
+
+    def finish(results: Sequence[Any]) -> None:
+        state.env[node.name] = node_output(node, merge_results(call.method, split, results), state.metrics)
+
+    return InFlight(op, slots, refs, finish, node.kind)
+
+
+def _sync_metrics(state: IterationState, role: str, stats: Sequence[Any]) -> None:
+    moved = max(stats, key=lambda s: s.bytes)
+    metrics = moved.metrics(role)
+    metrics[f"weight_sync/{role}/peak_mb"] = max(s.peak_bytes for s in stats) / 2**20
+    state.metrics.update(metrics)
+
+
+def _weight_sync(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
+    if op.target_pool and op.target_pool != op.pool:
+        senders, receivers = ex.topology.pool_slots(op.pool), ex.topology.pool_slots(op.target_pool)
+        group, src = sync_group(op.role, op.pool, op.target_pool), senders[0].global_rank
+        refs = [ex._send(s, "send_weights", op.role, group, src) for s in senders]
+        refs += [ex._send(s, "receive_weights", op.role, group, src) for s in receivers]
+        slots = senders + receivers
+    else:
+        slots = ex.topology.pool_slots(op.pool)
+        refs = [ex._send(s, "sync_weights", op.role) for s in slots]
+    return InFlight(op, slots, refs, lambda results: _sync_metrics(state, op.role, results), "weight_sync")
+
+
+def _move(kind: str):
+    def submit(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
+        slots = ex.topology.pool_slots(op.pool)
+        refs = [ex._send(s, kind, op.role, op.items) for s in slots]
+        return InFlight(op, slots, refs, lambda results: None, kind)
+
+    return submit
+
+
+OP_SUBMITTERS: dict[str, Callable[["PlanExecutor", PlanOp, IterationState], InFlight]] = {
+    "node": _node, "weight_sync": _weight_sync, "offload": _move("offload"), "onload": _move("onload"),
+}
+"""Plan op kind -> how it is sent to its slots (the one op-kind table of the runtime)."""
+
+
+class PlanExecutor:
+    """The run loop over a bound plan (module docstring); subclasses provide the slots and the transport."""
+
+    overlaps = False
+    """Whether this backend runs pools at the same time (needed by staleness > 0)."""
+
+    def __init__(self, plan: ExecutionPlan, specs: Mapping[str, RoleSpec], *, recorder: SpanRecorder | None = None):
+        if plan.machine is None:
+            raise PlanError(f"plan of graph {plan.graph.get('name', '?')!r} (compiled for {plan.cluster}) is not bound to "
+                            "a machine; bind it first: hybridflow.compiler.bind(plan, hybridflow.compiler.local_machine())")
+        self.plan = plan
+        self.plan_graph = plan.graph_ir()
+        self.graph = self.plan_graph
+        """The graph the current (or last) call runs: the plan's, with that call's ``params``."""
+        missing = [r.name for r in self.graph.roles if r.name not in specs]
+        if missing:
+            raise ExecutionError(f"no RoleSpec for role(s) {missing}; give one per role of graph {self.graph.name!r}")
+        if plan.staleness and not self.overlaps:
+            raise ExecutionError(f"the plan has staleness {plan.staleness} (generation overlapping training on a pool of "
+                                 f"its own), which {type(self).__name__} cannot run: its pools take turns in one process. "
+                                 "Use executor='ray', or staleness 0")
+        self.specs = dict(specs)
+        self.topology: Topology = topology(plan, {r.name: r.kind for r in self.graph.roles})
+        self.recorder = recorder or SpanRecorder()
+        self.worker_spans: list[Span] = []
+        self.iteration = 0
+        self._ahead: Stream | None = None
+
+    # -- the transport (subclasses) ------------------------------------------------------------
+    def _send(self, slot: Slot, method: str, *args) -> Any:
+        """Start ``slot.method(*args)``; returns a handle for :meth:`_wait` / :meth:`_fetch`."""
+        raise NotImplementedError
+
+    def _wait(self, refs: list, timeout: float) -> None:
+        """Block until one of ``refs`` is ready or ``timeout`` seconds passed."""
+        raise NotImplementedError
+
+    def _ready(self, refs: list) -> list[bool]:
+        """Which of ``refs`` are ready, without blocking."""
+        raise NotImplementedError
+
+    def _fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
+        """The (value, (start, end)) of a ready ref; a slot's failure as a project error naming ``what``."""
+        raise NotImplementedError
+
+    def _check_running(self) -> None:
+        """Raise when the workers are gone (RayExecutor after shutdown)."""
+
+    poll_s = 1.0
+
+    # -- one iteration -----------------------------------------------------------------------
+    def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None,
+                      params: Mapping[str, Mapping[str, object]] | None = None) -> IterationResult:
+        """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
+
+        ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for the ops
+        this call runs (they run here, on the controller; see :meth:`Graph.with_params`).
+
+        With a plan of ``staleness`` 1, ``next_inputs`` are the next step's inputs: their generation
+        (the ops with ``iteration_offset`` 1) starts now, with the weights before this step's update,
+        runs while this step trains, and is what the next call trains on (see :mod:`.overlap`).
+        """
+        self.graph = self.plan_graph.with_params(params or {})
+        self._check_inputs(inputs)
+        if self.plan.staleness == 0:
+            stream = Stream(list(self.plan.ops), IterationState(env=dict(inputs)), self.iteration)
+            self._drive([stream], stream)
+            self.iteration += 1
+            return IterationResult(env=stream.state.env, metrics=stream.state.metrics)
+        from .overlap import run_overlapped
+
+        if next_inputs is not None:
+            self._check_inputs(next_inputs)
+        return run_overlapped(self, inputs, next_inputs)
+
+    def _check_inputs(self, inputs: Mapping[str, Batch]) -> None:
+        expected = {i.name for i in self.graph.inputs}
+        if set(inputs) != expected:
+            raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
+        self._check_running()
+
+    def _drive(self, streams: list[Stream], target: Stream) -> None:
+        """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight)."""
+        while not target.finished:
+            for stream in streams:
+                self._send_ready(stream)
+            flights = [(stream, f) for stream in streams for f in stream.inflight.values()]
+            if not flights:
+                if not target.finished:
+                    raise ExecutionError(f"ops {[op.name for op in target.pending]} wait on ops that never run; "
+                                         "the plan's deps are broken")
+                break
+            refs = [ref for _, f in flights for i, ref in enumerate(f.refs) if i not in f.results]
+            self._wait(refs, self.poll_s)
+            for stream, flight in flights:
+                if self._collect(flight):
+                    del stream.inflight[flight.op.name]
+                    flight.finish([flight.results[i] for i in range(len(flight.refs))])
+                    self._record(flight, stream.iteration)
+                    stream.done.add(flight.op.name)
+
+    def _send_ready(self, stream: Stream) -> None:
+        """Send (or, for controller ops, run) every op whose deps are done, keeping each pool's plan order."""
+        progress = True
+        while progress:
+            progress, blocked = False, set()
+            for op in list(stream.pending):
+                pools = {op.pool, op.target_pool} - {None}
+                if not all(d in stream.done for d in op.deps) or pools & blocked:
+                    blocked |= pools
+                    continue
+                stream.pending.remove(op)
+                self.recorder.started(op.name)
+                if op.pool is None:
+                    self._run_controller(op, stream)
+                    stream.done.add(op.name)
+                    progress = True
+                else:
+                    try:
+                        stream.inflight[op.name] = OP_SUBMITTERS[op.kind](self, op, stream.state)
+                    except HybridflowError:
+                        raise
+                    except Exception as err:
+                        raise ExecutionError(f"op {op.name!r} (role {op.role!r} on pool {op.pool!r}) could not be sent: "
+                                             f"{type(err).__name__}: {err}") from err
+
+    def _run_controller(self, op: PlanOp, stream: Stream) -> None:
+        node = self.graph.node(op.node)
+        with self.recorder.record(op=op.name, node=op.node, kind=node.kind, role=op.role, device=CONTROLLER,
+                                  iteration=stream.iteration):
+            try:
+                stream.state.env[node.name] = run_compute(node, stream.state.env)
+            except HybridflowError:
+                raise
+            except Exception as err:
+                raise ExecutionError(f"op {op.name!r} (role {op.role!r} on the controller) failed: "
+                                     f"{type(err).__name__}: {err}") from err
+
+    def _collect(self, flight: InFlight) -> bool:
+        """Fetch the slots' results that are ready; True when all are in. A failed slot raises at once."""
+        waiting = [i for i in range(len(flight.refs)) if i not in flight.results]
+        for i, ready in zip(waiting, self._ready([flight.refs[i] for i in waiting])):
+            if ready:
+                flight.results[i], flight.times[i] = self._fetch(flight.refs[i], flight.slots[i], f"op {flight.op.name!r}")
+        return len(flight.results) == len(flight.refs)
+
+    # -- spans ---------------------------------------------------------------------------------------
+    def _clock(self, wall: float) -> float:
+        """A wall-clock time of a worker on the recorder's clock."""
+        return wall - (time.time() - self.recorder.now())
+
+    def _record(self, flight: InFlight, iteration: int) -> None:
+        op = flight.op
+        fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=iteration)
+        for i, slot in enumerate(flight.slots):
+            start, end = flight.times[i]
+            self.worker_spans.append(Span(device=slot.name, start=self._clock(start), end=self._clock(end), **fields))
+        starts, ends = zip(*flight.times.values())
+        self.recorder.add(Span(device=op.pool, start=self._clock(min(starts)), end=self._clock(max(ends)), **fields))
+
+    def trace_spans(self) -> list[Span]:
+        """Per-op spans (one track per pool and the controller) and per-worker spans (one track per slot)."""
+        return sorted([*self.recorder.spans, *self.worker_spans], key=lambda s: s.start)
