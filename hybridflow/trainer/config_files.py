@@ -128,7 +128,7 @@ def load_run_config(path: str | os.PathLike | None, overrides: Sequence[str] = (
     for item in overrides:
         apply_override(data, item)
     algorithm = data.pop(ALGORITHM_KEY, DEFAULT_ALGORITHM)
-    if algorithm not in ALGORITHMS:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ConfigError(f"{where}: algorithm: unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
     try:
         config = PPOConfig(**data)

@@ -31,9 +31,8 @@ class PhaseRecorder(SpanRecorder):
         super().__init__()
         self.on_phase = on_phase
 
-    def record(self, **fields):
-        self.on_phase(fields["op"])
-        return super().record(**fields)
+    def started(self, op: str) -> None:
+        self.on_phase(op)
 
 
 class StepProgress:

@@ -33,8 +33,7 @@ def trained_engines(trainer: "Trainer") -> dict:
 
 
 def rollout_engines(trainer: "Trainer") -> dict:
-    return {r.name: trainer.role_engines(r.name).rollout for r in trainer.graph.roles
-            if trainer.role_engines(r.name).rollout is not None}
+    return {r.name: trainer.rollout_engine(r.name) for r in trainer.graph.roles if r.kind == "policy"}
 
 
 def _write_hf_files(trainer: "Trainer"):

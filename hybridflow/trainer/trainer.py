@@ -18,7 +18,6 @@ from typing import Any, Callable
 import torch
 
 from ..algorithms import get_algorithm
-from ..compiler.local_plan import plan_local
 from ..errors import ConfigError, WorkerLostError
 from ..graph import Graph
 from ..runtime.engines import SamplingParams, TrainEngineConfig
@@ -111,15 +110,12 @@ class Trainer:
             log.warning("%s has no %s role; the config field %s is ignored", self.algorithm, kind, field)
         return algorithm.build(**attrs)
 
-    def _device_map(self, graph: Graph) -> dict[str, str]:
-        default = "cuda:0" if torch.cuda.is_available() else "cpu"
-        return {**{r.name: default for r in graph.roles}, **self.config.device_map}
-
     def _prepare(self) -> None:
         from ..data import PromptDataset, PromptLoader, load_tokenizer
         from ..runtime.local import LocalExecutor
         from .progress import PhaseRecorder
         from .resume import check_fresh_start
+        from .planning import plan_for_run, plan_summary, run_machine
         from .setup import actor_source, check_batch_sizes, check_devices, check_trainable, load_rows, response_length
         from .trackers import build_trackers
 
@@ -137,13 +133,17 @@ class Trainer:
         self.graph = self.build_graph()
         check_trainable(self.graph)
         check_batch_sizes(self.graph, cfg)
-        self.plan = plan_local(self.graph, self._device_map(self.graph))
+        self.machine = run_machine(self)
+        self.plan = plan_for_run(self, self.machine)
+        log.info("plan (%s, %s): %s", self.plan.strategy, self.plan.machine, plan_summary(self.plan))
         (self.output_dir / "plan.json").write_text(self.plan.to_json())
         recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
         if cfg.executor == "ray":
             from ..runtime.ray import RayExecutor
 
-            self.executor = RayExecutor(self.plan, self.role_specs(), recorder=recorder, seed=cfg.seed)
+            threads = self.machine.threads_per_slot or 1
+            self.executor = RayExecutor(self.plan, self.role_specs(), recorder=recorder, seed=cfg.seed,
+                                        cpus_per_worker=float(threads) if self.machine.kind == "cpu" else 1.0)
         else:
             self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)
         self.algorithm_state = AlgorithmState(get_algorithm(self.algorithm).state, self.graph)
@@ -329,6 +329,11 @@ class Trainer:
         """The engines (:class:`~hybridflow.runtime.roles.RoleEngines`) of ``role``."""
         return self.executor.workers[self.plan.placement(role).pool].engines[role]
 
+    def rollout_engine(self, role: str):
+        """The rollout engine of policy ``role``: on its own pool, or on its generation pool when the plan gives it one."""
+        placement = self.plan.placement(role)
+        return self.executor.workers[placement.generation_pool or placement.pool].engines[role].rollout
+
     def actor_engines(self):
         return self.role_engines(next(r.name for r in self.graph.roles if r.kind == "policy"))
 
@@ -344,7 +349,7 @@ class Trainer:
         cfg = self.config
         prompts = make_prompt_batch(self.val_rows, self.tokenizer, max_prompt_length=cfg.max_prompt_length,
                                     apply_chat_template=cfg.apply_chat_template)
-        rollout = self.actor_engines().rollout
+        rollout = self.rollout_engine(next(r.name for r in self.graph.roles if r.kind == "policy"))
         reward = self.reward_source()
         greedy = rollout.generate(prompts, rollout.sampling.model_copy(update={"greedy": True, "n": 1, "seed": None}))
         sampled = rollout.generate(prompts, rollout.sampling.model_copy(

@@ -1,0 +1,165 @@
+"""The trainer's one path to a plan: config -> graph -> ``compile`` -> ``bind`` -> the plan that runs.
+
+:func:`plan_for_run` compiles the config's graph for the machine the run has
+(:func:`~hybridflow.compiler.local_machine` or, on Ray,
+:func:`~hybridflow.compiler.ray_machine`) with
+
+* the models from the model folders' ``config.json`` (a rule reward or cost
+  function costs nothing: ``"rule"``);
+* the batch shape from the config: prompts per step, the padded prompt length
+  of the training prompts, the response length, epochs and mini-batches;
+* ``placement`` (a strategy, a pool spec, or a device map — ``device_map``
+  is the same as a map in ``placement``) and ``staleness``;
+
+then binds it to the machine's devices. With ``plan=FILE`` it reads that plan
+instead, checks that its graph is the one the config builds, and binds it
+(a BindError names the pool whose devices are missing).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..compiler import bind, local_machine
+from ..compiler.compile import compile_report
+from ..compiler.cost import CostOptions
+from ..compiler.machine import Machine
+from ..compiler.models import ModelSpec
+from ..compiler.passes import BatchShape
+from ..compiler.passes.lower import RULE, parse_model
+from ..compiler.plan import ExecutionPlan, read_plan
+from ..errors import ConfigError, ModelLoadError, PlanError
+from ..graph import Graph
+from ..graph.serialize import graph_to_dict
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["run_machine", "model_specs", "batch_shape", "placement_request", "plan_for_run", "check_same_graph", "plan_summary"]
+
+log = logging.getLogger("hybridflow.trainer")
+
+
+def run_machine(trainer: "Trainer") -> Machine:
+    """The devices of this run: this machine, or (executor='ray') the Ray cluster, started here if need be."""
+    cfg = trainer.config
+    if cfg.executor != "ray":
+        return local_machine(cfg.cpu_slots)
+    from ..compiler.machine import ray_machine
+    from ..runtime.ray.cluster import connect
+
+    local = local_machine(cfg.cpu_slots, where="ray")
+    # a local Ray gets a CPU for each slot plus one for the controller-side pools (rule rewards)
+    cpus = local.slots * (local.threads_per_slot or 1) + 1 if local.kind == "cpu" else None
+    connect(None, num_cpus=cpus)
+    return ray_machine(cfg.cpu_slots)
+
+
+def _spec(source, role: str) -> ModelSpec | str:
+    """A ModelSpec from a model folder, a module's config, or a hub name transformers can resolve."""
+    if source is None:
+        return RULE
+    config = getattr(source, "config", None)
+    if config is not None:  # an nn.Module handed in directly
+        return ModelSpec.from_config(config.to_dict() if hasattr(config, "to_dict") else config, name=role)
+    path = Path(str(source))
+    if path.is_dir() or path.suffix == ".json":
+        return parse_model(str(path))
+    try:
+        from transformers import AutoConfig
+
+        return ModelSpec.from_config(AutoConfig.from_pretrained(str(source)).to_dict(), name=str(source))
+    except Exception as err:
+        raise ModelLoadError(f"role {role!r}: cannot read the model config of {source!r} to plan the run ({err}); "
+                             "give a model folder with a config.json") from None
+
+
+def model_specs(trainer: "Trainer") -> dict[str, ModelSpec | str]:
+    """Role -> the model the compiler costs for it (``"rule"`` for functions and remote reward servers)."""
+    cfg, models = trainer.config, {}
+    for role in trainer.graph.roles:
+        if role.kind == "policy":
+            source = trainer.actor_path
+        elif role.kind == "critic":
+            source = cfg.critic_model_name or trainer.actor_path
+        elif role.kind == "reference":
+            source = cfg.ref_model_name or trainer.actor_path
+        elif role.kind == "cost":
+            source = cfg.cost_model_name
+        else:
+            source = None if trainer._reward_source is not None else cfg.reward_model_name
+        models[role.name] = _spec(source, role.name)
+    return models
+
+
+def batch_shape(trainer: "Trainer") -> BatchShape:
+    """One step's batch as the compiler sees it (module docstring)."""
+    from ..data import make_prompt_batch
+
+    cfg = trainer.config
+    rows = trainer.train_rows[: max(cfg.rollout_batch_size, 64)]
+    prompts = make_prompt_batch(rows, trainer.tokenizer, max_prompt_length=cfg.max_prompt_length,
+                                apply_chat_template=cfg.apply_chat_template)
+    samples = max((n.attrs.n for n in trainer.graph.nodes if n.kind == "generate" and getattr(n.attrs, "n", None)), default=1)
+    responses = cfg.rollout_batch_size * samples
+    mini = max(1, responses // cfg.batch_size) if cfg.batch_size else 1
+    return BatchShape(prompts=cfg.rollout_batch_size, prompt_len=int(prompts["prompt_ids"].shape[1]),
+                      response_len=trainer.max_response_length, epochs=cfg.ppo_epochs, mini_batches=mini)
+
+
+def placement_request(trainer: "Trainer", machine: Machine):
+    """``placement``, or the ``device_map`` as a device map (with the unnamed roles on the default device)."""
+    cfg = trainer.config
+    if cfg.device_map:
+        if "placement" in cfg.model_fields_set and cfg.placement != "auto":
+            raise ConfigError(f"device_map and placement={cfg.placement!r} both place the roles; give one of them")
+        default = "cuda:0" if machine.kind == "cuda" else "cpu"
+        return {**{r.name: default for r in trainer.graph.roles}, **cfg.device_map}
+    return cfg.placement
+
+
+def check_same_graph(plan: ExecutionPlan, graph: Graph, source: str) -> None:
+    """PlanError unless ``plan`` runs ``graph`` (same nodes, attributes and roles), naming the first difference."""
+    mine, theirs = graph_to_dict(graph), plan.graph
+    if mine == theirs:
+        return
+    if mine.get("name") != theirs.get("name"):
+        raise PlanError(f"plan {source} runs graph {theirs.get('name')!r}, but this config builds {mine.get('name')!r}; "
+                        f"compile the plan from this config (hybridflow compile {mine.get('name')} ...)")
+    nodes = {n["name"]: n for n in theirs.get("nodes", [])}
+    for node in mine.get("nodes", []):
+        if nodes.get(node["name"]) != node:
+            what = "has no node" if node["name"] not in nodes else "has a different node"
+            raise PlanError(f"plan {source} {what} {node['name']!r} of the graph this config builds (its attributes come "
+                            "from the config: n_samples, kl_coef, ...); compile the plan again from this config")
+    raise PlanError(f"plan {source}'s graph differs from the one this config builds (roles, inputs or extra nodes); "
+                    "compile the plan again from this config")
+
+
+def plan_for_run(trainer: "Trainer", machine: Machine) -> ExecutionPlan:
+    """The bound plan this run executes (module docstring)."""
+    cfg = trainer.config
+    if cfg.plan:
+        path = Path(cfg.plan)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise PlanError(f"plan={cfg.plan!r} cannot be read ({err.strerror}); give a file written by "
+                            "'hybridflow compile ... -o PLAN.json' or a run's plan.json") from None
+        plan = read_plan(text)
+        check_same_graph(plan, trainer.graph, repr(cfg.plan))
+        if cfg.staleness != plan.staleness and "staleness" in cfg.model_fields_set:
+            raise PlanError(f"plan {cfg.plan!r} has staleness {plan.staleness}, the config asks for {cfg.staleness}; "
+                            "drop one of them")
+        return bind(plan, machine)
+    report = compile_report(trainer.graph, machine.cluster(), model_specs(trainer), placement=placement_request(trainer, machine),
+                            staleness=cfg.staleness, batch=batch_shape(trainer), options=CostOptions(data_parallel_only=True))
+    log.info("compiled %s for %s in %.2f s: %s, predicted %.3g s per step", trainer.graph.name, machine.describe(),
+             report.seconds, report.plan.strategy, report.plan.predicted_iteration_s or 0.0)
+    return bind(report.plan, machine)
+
+
+def plan_summary(plan: ExecutionPlan) -> str:
+    """One line per pool: ``pool0 [cpu] actor, ref`` (for the run's log)."""
+    return "; ".join(f"{p.name} [{', '.join(p.devices)}]: {', '.join(plan.roles_on(p.name)) or 'generation'}" for p in plan.pools)
