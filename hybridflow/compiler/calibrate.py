@@ -14,13 +14,12 @@ the profile's prompt / response lengths, ``L = P + R`` and ``b`` the batch:
 
 - forward (log-probs): ``x = 2·N·b·L / peak``; ``a`` -> ``forward_overhead_s``,
   ``mfu`` -> ``mfu_infer``.
-- training (one optimizer step over one micro-batch):
-  ``t - adam = a + k·N·b·L / (peak·mfu)`` with ``k`` = 8 with activation
+- training (one optimizer step over one micro-batch): the split update (the
+  largest batch in ``m`` micro-batches) gives the per-micro-batch part
+  ``u = train_micro_batch_overhead_s = (t_split - t) / (m - 1)``; then
+  ``t - adam - u = a + k·N·b·L / (peak·mfu)`` with ``k`` = 8 with activation
   recomputation, else 6 (as :func:`.cost.update_cost`) and ``adam`` the rule's
-  memory-bound AdamW time; the split update (the largest batch in ``m``
-  micro-batches) gives the per-micro-batch part
-  ``train_micro_batch_overhead_s = (t_split - t) / (m - 1)``, and
-  ``optimizer_step_overhead_s = a - train_micro_batch_overhead_s``;
+  memory-bound AdamW time; ``a`` -> ``optimizer_step_overhead_s``,
   ``mfu`` -> ``mfu_train``.
 - generation, from ``T1`` (one token) and ``TR`` (``R`` tokens): a decode step
   takes ``s = (TR - T1) / (R - 1)`` and the rest, ``TR - R·s``, is the prefill,
