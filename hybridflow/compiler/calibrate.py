@@ -56,7 +56,7 @@ FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward
                  "decode_step_overhead_s", "op_overhead_s")
 """The ClusterSpec fields :func:`calibrated_cluster` sets."""
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
 """Part of the cache key: bump it when what profile_model measures changes."""
 
 

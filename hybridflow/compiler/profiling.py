@@ -15,7 +15,9 @@ sizes ``b`` of ``prompt_len``-token prompts:
 
 and once ``train_split_s``: the update of the largest batch in
 ``split_micro_batches`` micro-batches. Each figure is the median of
-``repeats`` runs after one warm-up run. :mod:`hybridflow.compiler.calibrate`
+``repeats`` runs after one warm-up run; the runs go round-robin over all the
+figures, so that a burst of other work on a shared machine spoils one run of
+several figures rather than every run of one. :mod:`hybridflow.compiler.calibrate`
 fits the cluster's factors to these figures and caches them.
 """
 from __future__ import annotations
@@ -101,17 +103,17 @@ def load_model_config(model: str | os.PathLike | Mapping[str, Any]) -> tuple[dic
         raise ConfigError(f"profile: {file} is not valid JSON ({err})") from None
 
 
-def _median_time(call: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
-    """Median wall seconds of ``repeats`` calls after one warm-up call."""
-    call()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _median_times(calls: Mapping[Any, Callable[[], Any]], repeats: int, sync: Callable[[], None]) -> dict[Any, float]:
+    """Median wall seconds of each call over ``repeats`` round-robin passes, after one warm-up pass."""
+    times: dict[Any, list[float]] = {key: [] for key in calls}
+    for attempt in range(repeats + 1):
+        for key, call in calls.items():
+            start = time.perf_counter()
+            call()
+            sync()
+            if attempt:
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(found) for key, found in times.items()}
 
 
 def _build(config: dict[str, Any], device: str):
@@ -139,7 +141,7 @@ def _tokenizer(source: str):
 
 
 def profile_model(model_dir_or_config: str | os.PathLike | Mapping[str, Any], device: str = "cpu",
-                  threads: int | None = None, batch_sizes: tuple[int, ...] = (16, 64, 256), *,
+                  threads: int | None = None, batch_sizes: tuple[int, ...] = (16, 128, 512), *,
                   prompt_len: int = 8, response_len: int = 4, repeats: int = 3,
                   split_micro_batches: int = 4) -> Profile:
     """Measure the model of ``model_dir_or_config`` on ``device`` (module docstring).
@@ -170,7 +172,7 @@ def profile_model(model_dir_or_config: str | os.PathLike | Mapping[str, Any], de
         losses = [("ppo_clip", 1.0, {}), ("kl_loss", 0.1, {"kl_type": "low_var_kl"})]
         generator = torch.Generator().manual_seed(0)
         gae = get_op("gae").fn
-        figures: dict[str, list[float]] = {k: [] for k in ("forward", "train", "prefill", "generate", "controller")}
+        calls: dict[tuple[str, int], Callable[[], Any]] = {}
         for b in batch_sizes:
             prompt = torch.randint(min(4, vocab - 1), vocab, (b, prompt_len), generator=generator)
             response = torch.randint(min(4, vocab - 1), vocab, (b, response_len), generator=generator)
@@ -179,16 +181,18 @@ def profile_model(model_dir_or_config: str | os.PathLike | Mapping[str, Any], de
                      "response_mask": ones, "old_log_probs": -ones, "ref_log_probs": -ones,
                      "advantages": torch.randn(b, response_len, generator=generator)}
             engine = TrainEngine(module, TrainEngineConfig(lr=1e-6), device=device)
-            figures["forward"].append(_median_time(lambda: engine.compute_log_probs(batch), repeats, sync))
-            figures["train"].append(_median_time(lambda: engine.update(batch, losses), repeats, sync))
             prompts = Batch({"prompt_ids": prompt, "prompt_mask": batch["prompt_mask"]})
-            for key, tokens in (("prefill", 1), ("generate", response_len)):
-                params = SamplingParams(n=1, max_new_tokens=tokens, temperature=1.0, stop_at_eos=False)
-                figures[key].append(_median_time(lambda: rollout.generate(prompts, params), repeats, sync))
-            figures["controller"].append(_median_time(lambda: gae(-ones, ones, ones), repeats, lambda: None))
+            first = SamplingParams(n=1, max_new_tokens=1, temperature=1.0, stop_at_eos=False)
+            every = SamplingParams(n=1, max_new_tokens=response_len, temperature=1.0, stop_at_eos=False)
+            calls[("forward", b)] = lambda e=engine, t=batch: e.compute_log_probs(t)
+            calls[("train", b)] = lambda e=engine, t=batch: e.update(t, losses)
+            calls[("prefill", b)] = lambda p=prompts: rollout.generate(p, first)
+            calls[("generate", b)] = lambda p=prompts: rollout.generate(p, every)
+            calls[("controller", b)] = lambda o=ones: gae(-o, o, o)
         split = TrainEngine(module, TrainEngineConfig(lr=1e-6, micro_batch_size=max(1, batch_sizes[-1] // split_micro_batches)),
                             device=device)
-        train_split_s = _median_time(lambda: split.update(batch, losses), repeats, sync)
+        calls[("split", batch_sizes[-1])] = lambda: split.update(batch, losses)
+        times = _median_times(calls, repeats, sync)
         used_threads = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
@@ -196,7 +200,11 @@ def profile_model(model_dir_or_config: str | os.PathLike | Mapping[str, Any], de
         model=ModelSpec.from_config(config, name=Path(source).name if source != "config" else None),
         source=source, device=str(device), threads=used_threads, torch_version=torch.__version__, host=host_description(),
         prompt_len=prompt_len, response_len=response_len, batch_sizes=tuple(batch_sizes),
-        forward_s=tuple(figures["forward"]), train_s=tuple(figures["train"]),
-        split_micro_batches=split_micro_batches, train_split_s=train_split_s,
-        prefill_s=tuple(figures["prefill"]), generate_s=tuple(figures["generate"]),
-        controller_s=tuple(figures["controller"]), seconds=time.perf_counter() - started)
+        forward_s=_per_size(times, "forward", batch_sizes), train_s=_per_size(times, "train", batch_sizes),
+        split_micro_batches=split_micro_batches, train_split_s=times[("split", batch_sizes[-1])],
+        prefill_s=_per_size(times, "prefill", batch_sizes), generate_s=_per_size(times, "generate", batch_sizes),
+        controller_s=_per_size(times, "controller", batch_sizes), seconds=time.perf_counter() - started)
+
+
+def _per_size(times: Mapping[tuple[str, int], float], kind: str, batch_sizes: tuple[int, ...]) -> tuple[float, ...]:
+    return tuple(times[(kind, b)] for b in batch_sizes)
