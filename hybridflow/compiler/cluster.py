@@ -3,7 +3,11 @@
 A :class:`ClusterSpec` is ``nodes`` machines of ``devices_per_node`` identical
 accelerators. Hardware figures are datasheet peaks; the ``*_efficiency`` and
 ``mfu_*`` fields say which fraction of a peak a real workload reaches, so the
-cost model stays analytical and a user can calibrate it by measurement.
+cost model stays analytical and a user can calibrate it by measurement. The
+``*_overhead_s`` fields are fixed per-call times (per forward micro-batch, per
+decode step, ...); every preset leaves them at 0, and
+:func:`hybridflow.compiler.calibrate.calibrate` fits them, with the efficiency
+factors, to times measured on the machine at hand.
 
 Presets (``ClusterSpec.preset(name, nodes=...)`` or ``ClusterSpec.parse("a100-80g:16")``):
 
@@ -59,12 +63,27 @@ class ClusterSpec(BaseModel):
     memory_bandwidth_efficiency: float = Field(default=0.7, gt=0, le=1, description="Achieved fraction of HBM bandwidth in memory-bound work (decode steps, optimizer step); vLLM-class engines reach 60-80% in decode.")
     comm_efficiency: float = Field(default=0.8, gt=0, le=1, description="Achieved fraction of link bandwidth in collectives and copies (nccl-tests bus bandwidth is 75-85% of the link on DGX nodes).")
     usable_memory_fraction: float = Field(default=0.9, gt=0, le=1, description="Fraction of device memory a plan may fill (the rest: CUDA context, allocator fragmentation).")
+    mfu_decode: float | None = Field(default=None, gt=0, le=1, description="Fraction of peak reached by the compute of one decode step (a forward of one token per sequence); None: mfu_infer. Calibration sets it: on CPUs a decode step's token costs more than a prefill's.")
+    # Fixed per-call times. The datasheet presets leave them at 0 (on large models the per-call
+    # Python and launch time vanishes next to the FLOPs); on a CPU with a tiny model they dominate,
+    # so :mod:`hybridflow.compiler.calibrate` measures them.
+    forward_overhead_s: float = Field(default=0.0, ge=0, description="Fixed time of one forward-only micro-batch (log-probs, values, scores), seconds.")
+    train_micro_batch_overhead_s: float = Field(default=0.0, ge=0, description="Fixed time of one training micro-batch (forward + backward), seconds.")
+    optimizer_step_overhead_s: float = Field(default=0.0, ge=0, description="Fixed time of one optimizer step (zero-grad, clipping, AdamW's per-tensor loop), seconds.")
+    prefill_overhead_s: float = Field(default=0.0, ge=0, description="Fixed time of one generation wave besides its decode steps (prefill call, cache set-up, detokenising), seconds.")
+    decode_step_overhead_s: float = Field(default=0.0, ge=0, description="Fixed time of one decode step (one forward call and one sampling), seconds.")
+    op_overhead_s: float = Field(default=0.0, ge=0, description="Fixed time the executor spends on every node op of a plan (dispatch, batch plumbing), seconds.")
 
     # ----------------------------------------------------------------- derived
     @property
     def num_devices(self) -> int:
         """Total accelerators: nodes x devices_per_node."""
         return self.nodes * self.devices_per_node
+
+    @property
+    def decode_mfu(self) -> float:
+        """Fraction of peak a decode step's compute reaches: ``mfu_decode``, else ``mfu_infer``."""
+        return self.mfu_infer if self.mfu_decode is None else self.mfu_decode
 
     @property
     def usable_memory_bytes(self) -> float:

@@ -30,6 +30,15 @@ bf16 FLOP/s; every rate is scaled by the cluster's efficiency factors):
 - pipeline parallelism: bubble ``(p−1)/m`` of the compute for ``m``
   micro-batches (Narayanan et al. 2021, §2.2), plus sending activations between
   stages.
+- fixed per-call times (the cluster's ``*_overhead_s`` fields, 0 in every
+  preset): ``prefill_overhead_s`` per generation wave, ``decode_step_overhead_s``
+  per decode step, ``forward_overhead_s`` per forward micro-batch,
+  ``train_micro_batch_overhead_s`` per training micro-batch and
+  ``optimizer_step_overhead_s`` per optimizer step. A decode step's compute
+  runs at ``ClusterSpec.decode_mfu`` (``mfu_decode``, else ``mfu_infer``).
+- with ``CostOptions.shared_prefill`` each prompt is prefilled once for its
+  ``n`` samples (the HF rollout engine copies the KV cache), so the prefill
+  covers ``ceil(b/n)`` prompts instead of ``b`` sequences.
 - memory: :mod:`hybridflow.compiler.memory`; collectives: :mod:`hybridflow.compiler.comm`.
 """
 from __future__ import annotations
@@ -67,6 +76,7 @@ class CostOptions(BaseModel):
     infer_micro_batch: int = Field(default=16, ge=1, description="Sequences per forward-only micro-batch (log-probs, values, scores).")
     data_parallel_only: bool = Field(default=False, description="The engines that will run the plan shard models by data parallelism only (FSDP2, as hybridflow's runtime does today): layouts with tensor or pipeline parallelism are not candidates. Off for studies of the paper's systems.")
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
+    shared_prefill: bool = Field(default=False, description="The rollout engine prefills each prompt once and copies its KV cache to the prompt's n samples (hybridflow's HF engine does); False: every sequence is prefilled.")
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,8 @@ def _infeasible(kind: str, problem: str, peak: float = INF) -> CostRecord:
 class Generate:
     """Generate ``response_len`` tokens for each of ``sequences`` prompts of ``prompt_len`` tokens on ``layout`` (dg, tg, pg).
 
+    ``samples``: sequences per distinct prompt (the node's ``n``; with
+    ``CostOptions.shared_prefill`` a prompt is prefilled once for all of them).
     ``memory_used_bytes``: what else each device holds meanwhile (model states);
     the KV cache gets what is left of the usable memory.
     """
@@ -105,6 +117,7 @@ class Generate:
     prompt_len: int
     response_len: int
     memory_used_bytes: float = 0.0
+    samples: int = 1
 
 
 @dataclass(frozen=True)
@@ -196,17 +209,22 @@ def waves_for(kv_budget: float, per_seq: float, seqs: int) -> tuple[int, int] | 
 
 @lru_cache(maxsize=100_000)
 def generation_time(model: ModelSpec, layout: Layout, batch: int, prompt_len: int, response_len: int,
-                    cluster: ClusterSpec) -> tuple[float, float]:
-    """(prefill, decode) seconds of one wave of ``batch`` sequences on one replica (module docstring)."""
-    n, tokens_prefill = model.flop_params, batch * prompt_len
-    prefill = 2 * n * tokens_prefill / (layout.tp * cluster.peak_flops * cluster.mfu_prefill)
+                    cluster: ClusterSpec, prefill_batch: int | None = None) -> tuple[float, float]:
+    """(prefill, decode) seconds of one wave of ``batch`` sequences on one replica (module docstring).
+
+    ``prefill_batch``: prompts the prefill runs over (default ``batch``; fewer when
+    the samples of a prompt share its prefill).
+    """
+    n = model.flop_params
+    tokens_prefill = (batch if prefill_batch is None else prefill_batch) * prompt_len
+    prefill = cluster.prefill_overhead_s + 2 * n * tokens_prefill / (layout.tp * cluster.peak_flops * cluster.mfu_prefill)
     prefill += 2 * model.layers * all_reduce_time(tokens_prefill * model.hidden * 2, layout.tp, layout.tp, cluster)
     context = prompt_len + (response_len - 1) / 2  # mean context length over the decode steps
     read = 2 * n / layout.tp + batch * context * model.kv_bytes_per_token() / min(layout.tp, model.kv_heads)
     step_memory = read / (cluster.memory_bandwidth * cluster.memory_bandwidth_efficiency)
-    step_compute = 2 * n * batch / (layout.tp * cluster.peak_flops * cluster.mfu_infer)
+    step_compute = 2 * n * batch / (layout.tp * cluster.peak_flops * cluster.decode_mfu)
     step_comm = 2 * model.layers * all_reduce_time(batch * model.hidden * 2, layout.tp, layout.tp, cluster)
-    return prefill, response_len * (max(step_memory, step_compute) + step_comm)
+    return prefill, response_len * (cluster.decode_step_overhead_s + max(step_memory, step_compute) + step_comm)
 
 
 def generate_cost(w: Generate, c: ClusterSpec, o: CostOptions) -> CostRecord:
@@ -218,7 +236,8 @@ def generate_cost(w: Generate, c: ClusterSpec, o: CostOptions) -> CostRecord:
         return _infeasible("generate", f"{m.name} on {g}: weights {weights / 2**30:.1f} GiB and "
                            f"{w.memory_used_bytes / 2**30:.1f} GiB of states leave no room for one sequence's KV cache")
     waves, batch = plan
-    prefill, decode = generation_time(m, g, batch, w.prompt_len, w.response_len, c)
+    prompts = math.ceil(batch / w.samples) if o.shared_prefill else batch
+    prefill, decode = generation_time(m, g, batch, w.prompt_len, w.response_len, c, prompts)
     peak = (w.memory_used_bytes + mem.generation_weight_bytes(m, g)
             + batch * mem.kv_bytes_per_sequence(m, g, w.prompt_len + w.response_len))
     return CostRecord("generate", waves * (prefill + decode), peak,
@@ -248,7 +267,7 @@ def _zero3_time(model: ModelSpec, layout: Layout, collectives: int, c: ClusterSp
 
 
 def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
-    """Forward passes: max(2·N·tokens/(t·p·peak·mfu_infer), ZeRO-3 gathers) + bubble + TP/PP comm."""
+    """Forward passes: max(2·N·tokens/(t·p·peak·mfu_infer), ZeRO-3 gathers) + bubble + TP/PP comm + micro-batches x forward_overhead_s."""
     m, l = w.model, w.layout
     seqs = math.ceil(w.sequences / l.dp)
     micro = min(o.infer_micro_batch, seqs)
@@ -257,16 +276,21 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 2, 1, c)
     dp = micro_batches * _zero3_time(m, l, 1, c) if w.trainable else 0.0
-    once = max(compute, dp) + bubble + tp + pp
+    overhead = micro_batches * c.forward_overhead_s
+    once = max(compute, dp) + bubble + tp + pp + overhead
     peak = (mem.resident_bytes(m, l, w.trainable) + mem.gathered_param_bytes(m, l, w.trainable)
             + mem.forward_activation_bytes(m, l, w.seq_len, micro))
     return CostRecord(w.kind, w.passes * once, peak,
                       (("compute", w.passes * compute), ("dp_comm", w.passes * dp), ("bubble", w.passes * bubble),
-                       ("tp_comm", w.passes * tp), ("pp_comm", w.passes * pp)))
+                       ("tp_comm", w.passes * tp), ("pp_comm", w.passes * pp), ("overhead", w.passes * overhead)))
 
 
 def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
-    """Training steps: max((6|8)·N·tokens/(t·p·peak·mfu_train), ZeRO-3 comm) + bubble + TP/PP comm + Adam step."""
+    """Training steps: max((6|8)·N·tokens/(t·p·peak·mfu_train), ZeRO-3 comm) + bubble + TP/PP comm + Adam step + overheads.
+
+    Overheads per optimizer step: micro-batches x ``train_micro_batch_overhead_s``
+    + ``optimizer_step_overhead_s``.
+    """
     m, l = w.model, w.layout
     steps = w.epochs * w.mini_batches
     seqs = math.ceil(w.sequences / (w.mini_batches * l.dp))
@@ -278,12 +302,14 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
     dp = micro_batches * _zero3_time(m, l, 3, c)
     adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
-    step = max(compute, dp) + bubble + tp + pp + adam
+    overhead = micro_batches * c.train_micro_batch_overhead_s + c.optimizer_step_overhead_s
+    step = max(compute, dp) + bubble + tp + pp + adam + overhead
     peak = (mem.resident_bytes(m, l, True) + mem.gathered_param_bytes(m, l, True)
             + mem.train_activation_bytes(m, l, w.seq_len, micro, micro_batches, o.activation_checkpointing))
     return CostRecord("update", steps * step, peak,
                       (("compute", steps * compute), ("dp_comm", steps * dp), ("bubble", steps * bubble),
-                       ("tp_comm", steps * tp), ("pp_comm", steps * pp), ("optimizer", steps * adam)))
+                       ("tp_comm", steps * tp), ("pp_comm", steps * pp), ("optimizer", steps * adam),
+                       ("overhead", steps * overhead)))
 
 
 def compute_cost(w: Compute, c: ClusterSpec, o: CostOptions) -> CostRecord:

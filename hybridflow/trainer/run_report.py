@@ -3,20 +3,25 @@
 :func:`quiet_libraries` keeps transformers' load reports and progress bars off the
 console and shows hybridflow's own log lines; :func:`write_artifacts` draws the algorithm
 graph and writes the run's Chrome trace; :func:`summary_lines` is the closing summary:
-reward before and after, and where everything was written.
+reward before and after, and where everything was written; :func:`predicted_vs_measured`
+sets a compiled plan's predicted op times against the spans a run recorded.
 """
 from __future__ import annotations
 
 import json
 import logging
+import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
+    from ..compiler.plan import ExecutionPlan
+    from ..runtime.spans import Span
     from .trainer import Trainer
 
-__all__ = ["quiet_libraries", "write_artifacts", "validation_history", "summary_lines"]
+__all__ = ["quiet_libraries", "write_artifacts", "validation_history", "summary_lines", "predicted_vs_measured"]
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -112,3 +117,46 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
         lines.append(f"checkpoint: {trainer.last_checkpoint}")
         lines.append(f"export:     hybridflow export {trainer.last_checkpoint} --to {out / 'hf_model'}")
     return lines
+
+
+def _op_key(node: str | None, role: str, kind: str) -> str:
+    """A node op by its node's name; a transition (weight_sync, offload, onload) as ``role.kind``."""
+    return node if node else f"{role}.{kind}"
+
+
+def predicted_vs_measured(plan: "ExecutionPlan", spans: Iterable["Span"]) -> str:
+    """A table of each op's predicted seconds (``plan``) against its measured median (``spans``), and the step's.
+
+    Ops are matched by node name (transitions by ``role.kind``), so the plan
+    may be a compiled one and the spans a run of another plan of the same
+    graph (the trainer's local plan). An op's measured time is the median over
+    iterations of its spans' summed durations in the iteration; the step's is
+    the median of each iteration's first start to last end, against the plan's
+    ``predicted_iteration_s``. ratio = predicted / measured; ``-`` where a side
+    has no figure.
+    """
+    predicted: dict[str, float] = defaultdict(float)
+    for op in plan.ops:
+        predicted[_op_key(op.node, op.role, op.kind)] += op.predicted_end_s - op.predicted_start_s
+    per_iteration: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    bounds: dict[int, list[float]] = {}
+    for span in spans:
+        per_iteration[span.iteration][_op_key(span.node, span.role, span.kind)] += span.end - span.start
+        first, last = bounds.get(span.iteration, (span.start, span.end))
+        bounds[span.iteration] = [min(first, span.start), max(last, span.end)]
+    keys = list(predicted) + sorted({k for ops in per_iteration.values() for k in ops} - set(predicted))
+    measured = {k: statistics.median(ops.get(k, 0.0) for ops in per_iteration.values()) for k in keys
+                if any(k in ops for ops in per_iteration.values())}
+    step = statistics.median(end - start for start, end in bounds.values()) if bounds else None
+    width = max([len(k) for k in keys] + [4])
+
+    def row(name: str, pred: float | None, meas: float | None) -> str:
+        ratio = f"{pred / meas:7.2f}" if pred is not None and meas else f"{'-':>7}"
+        cells = [f"{v:12.4f}" if v is not None else f"{'-':>12}" for v in (pred, meas)]
+        return f"{name:<{width}}  {cells[0]}  {cells[1]}  {ratio}"
+
+    lines = [f"{'op':<{width}}  {'predicted s':>12}  {'measured s':>12}  {'ratio':>7}"]
+    lines += [row(k, predicted.get(k), measured.get(k)) for k in keys]
+    lines.append(row("step", plan.predicted_iteration_s, step))
+    lines.append(f"(measured: median over {len(bounds)} iteration(s); ratio = predicted / measured)")
+    return "\n".join(lines)

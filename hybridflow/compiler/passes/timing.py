@@ -98,7 +98,7 @@ def _generate(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
     p, batch = view.placements[op.role], view.ctx.batch
     used = view.own(op.role, op.pool) + view.others(op.role, op.pool)
     work = Generate(_model(view, op.role), layout_of(p.generation_layout or p.layout), batch.prompts * node.attrs.n,
-                    batch.prompt_len, batch.response_len, used)
+                    batch.prompt_len, batch.response_len, used, samples=node.attrs.n)
     return estimate(work, view.ctx.cluster, view.ctx.options)
 
 
@@ -132,12 +132,12 @@ NODE_COSTS: dict[str, Callable[[PlanView, PlanOp, Node], CostRecord]] = {
 
 
 def _node(view: PlanView, op: PlanOp) -> CostRecord:
+    """The node's cost rule, plus the cluster's fixed ``op_overhead_s`` and the pool's other resident states."""
     node = view.nodes[op.node]
     record = NODE_COSTS[node.kind](view, op, node)
-    if node.kind == "generate" or op.pool is None:
-        return record
-    extra = view.others(op.role, op.pool)
-    return CostRecord(record.kind, record.time_s, record.peak_memory_bytes + extra, record.parts, record.problem)
+    time_s = record.time_s + view.ctx.cluster.op_overhead_s
+    extra = 0.0 if node.kind == "generate" or op.pool is None else view.others(op.role, op.pool)
+    return CostRecord(record.kind, time_s, record.peak_memory_bytes + extra, record.parts, record.problem)
 
 
 def _weight_sync(view: PlanView, op: PlanOp) -> CostRecord:

@@ -1,0 +1,220 @@
+"""Calibrate a cluster's cost-model factors to times measured on the machine at hand.
+
+:func:`~hybridflow.compiler.profiling.profile_model` measures a model with the
+trainer's engines; :func:`calibrated_cluster` fits the cluster's efficiency
+factors and fixed overheads so that the cost rules (:mod:`.cost`) reproduce
+those measurements; :func:`calibrate` does both for every model of a run,
+with the profiles cached on disk.
+
+The fit. Every measured time is a line in an "ideal time" ``x`` (the cost
+rule's FLOPs over ``peak_flops``, i.e. the time at 100% of peak), so each kind
+of work is fitted by least squares as ``t = a + x / mfu`` with ``a >= 0`` and
+``mfu <= 1`` (:func:`fit_line`). With ``N`` = ``flop_params``, ``P`` / ``R``
+the profile's prompt / response lengths, ``L = P + R`` and ``b`` the batch:
+
+- forward (log-probs): ``x = 2·N·b·L / peak``; ``a`` -> ``forward_overhead_s``,
+  ``mfu`` -> ``mfu_infer``.
+- training (one optimizer step over one micro-batch): the split update (the
+  largest batch in ``m`` micro-batches) gives the per-micro-batch part
+  ``u = train_micro_batch_overhead_s = (t_split - t) / (m - 1)``; then
+  ``t - adam - u = a + k·N·b·L / (peak·mfu)`` with ``k`` = 8 with activation
+  recomputation, else 6 (as :func:`.cost.update_cost`) and ``adam`` the rule's
+  memory-bound AdamW time; ``a`` -> ``optimizer_step_overhead_s``,
+  ``mfu`` -> ``mfu_train``.
+- generation, from ``T1`` (one token) and ``TR`` (``R`` tokens): a decode step
+  takes ``s = (TR - T1) / (R - 1)`` and the rest, ``TR - R·s``, is the prefill,
+  so that prefill + ``R`` steps is ``TR`` exactly as :func:`.cost.generation_time`
+  adds them. Prefill: ``x = 2·N·b·P / peak`` -> ``prefill_overhead_s``,
+  ``mfu_prefill``; decode step: ``x = 2·N·b / peak`` ->
+  ``decode_step_overhead_s``, ``mfu_decode`` (the memory roofline term is left
+  out of the fit: on a CPU a tiny model's weights are read in microseconds).
+- controller ops: ``op_overhead_s`` is the intercept of the GAE call's time
+  over its tokens (its slope stays with the host-bandwidth rule).
+
+Several profiles (several models) are fitted together: their points are pooled.
+The cluster's datasheet figures (peak, bandwidths, memory) are kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..errors import ConfigError
+from . import memory as mem
+from .cluster import ClusterSpec
+from .cost import CostOptions
+from .profiling import Profile, host_description, load_model_config, profile_model
+
+__all__ = ["Profile", "profile_model", "fit_line", "calibrated_cluster", "engine_cost_options", "cache_dir",
+           "profile_key", "cached_profile", "calibrate", "FITTED_FIELDS"]
+
+FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward_overhead_s",
+                 "train_micro_batch_overhead_s", "optimizer_step_overhead_s", "prefill_overhead_s",
+                 "decode_step_overhead_s", "op_overhead_s")
+"""The ClusterSpec fields :func:`calibrated_cluster` sets."""
+
+PROFILE_FORMAT = 2
+"""Part of the cache key: bump it when what profile_model measures changes."""
+
+
+def fit_line(x: Sequence[float], t: Sequence[float], *, min_slope: float = 0.0) -> tuple[float, float]:
+    """Least-squares ``t ≈ a + s·x`` with ``a >= 0`` and ``s >= min_slope``; returns ``(a, s)``.
+
+    The unconstrained solution is taken when it satisfies both bounds;
+    otherwise the violated bound is made active (``a = 0``: ``s = Σxt / Σx²``;
+    ``s = min_slope``: ``a = mean(t − s·x)``) and the other re-solved, which is
+    the constrained optimum of this two-variable convex problem.
+    """
+    n = len(x)
+    if n == 0 or n != len(t):
+        raise ConfigError(f"fit_line needs as many times as points and at least one, got {len(x)} and {len(t)}")
+    mx, mt = sum(x) / n, sum(t) / n
+    sxx = sum((xi - mx) ** 2 for xi in x)
+    s = sum((xi - mx) * (ti - mt) for xi, ti in zip(x, t)) / sxx if sxx > 0 else min_slope
+    a = mt - s * mx
+    if s >= min_slope and a >= 0:
+        return a, s
+    candidates = []
+    through_origin = sum(xi * ti for xi, ti in zip(x, t)) / max(sum(xi * xi for xi in x), 1e-300)
+    if through_origin >= min_slope:
+        candidates.append((0.0, through_origin))
+    candidates.append((max(0.0, mt - min_slope * mx), min_slope))
+    return min(candidates, key=lambda c: sum((c[0] + c[1] * xi - ti) ** 2 for xi, ti in zip(x, t)))
+
+
+def engine_cost_options(train_micro_batch: int, infer_micro_batch: int) -> CostOptions:
+    """Cost options that describe hybridflow's own engines: no activation recomputation, shared prefill.
+
+    ``train_micro_batch`` / ``infer_micro_batch``: the run's micro-batch sizes
+    (the whole mini-batch / the whole batch when the config leaves them unset).
+    """
+    return CostOptions(activation_checkpointing=False, shared_prefill=True, train_micro_batch=train_micro_batch,
+                       infer_micro_batch=infer_micro_batch)
+
+
+def _ideal(flops: float, cluster: ClusterSpec) -> float:
+    return flops / cluster.peak_flops
+
+
+def _mfu(slope: float) -> float:
+    return 1.0 / max(slope, 1.0)
+
+
+def calibrated_cluster(cluster: ClusterSpec, profile: Profile | Sequence[Profile],
+                       options: CostOptions | None = None) -> ClusterSpec:
+    """``cluster`` with :data:`FITTED_FIELDS` fitted to ``profile`` (module docstring for the formulas).
+
+    ``options``: the cost options the plans will be compiled with; only
+    ``activation_checkpointing`` matters to the fit (default: off, as in
+    hybridflow's train engine).
+    """
+    profiles = [profile] if isinstance(profile, Profile) else list(profile)
+    if not profiles:
+        raise ConfigError("calibrated_cluster needs at least one profile")
+    checkpointing = (options or engine_cost_options(1, 1)).activation_checkpointing
+    points: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in ("forward", "train", "prefill", "decode", "op")}
+
+    def add(kind: str, x: float, t: float) -> None:
+        points[kind][0].append(x)
+        points[kind][1].append(t)
+
+    micro = []
+    for p in profiles:
+        n, steps = p.model.flop_params, p.response_len
+        adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * p.model.params / (cluster.memory_bandwidth * cluster.memory_bandwidth_efficiency)
+        per_micro = max(0.0, (p.train_split_s - p.train_s[-1]) / (p.split_micro_batches - 1))
+        micro.append(per_micro)
+        for i, b in enumerate(p.batch_sizes):
+            add("forward", _ideal(2 * n * b * p.seq_len, cluster), p.forward_s[i])
+            add("train", _ideal((8 if checkpointing else 6) * n * b * p.seq_len, cluster), p.train_s[i] - adam - per_micro)
+            step = (p.generate_s[i] - p.prefill_s[i]) / (steps - 1)
+            add("prefill", _ideal(2 * n * b * p.prompt_len, cluster), p.generate_s[i] - steps * step)
+            add("decode", _ideal(2 * n * b, cluster), step)
+            add("op", b * steps, p.controller_s[i])
+    forward = fit_line(*points["forward"], min_slope=1.0)
+    train = fit_line(*points["train"], min_slope=1.0)
+    prefill = fit_line(*points["prefill"], min_slope=1.0)
+    decode = fit_line(*points["decode"], min_slope=1.0)
+    op = fit_line(*points["op"])
+    fitted = {
+        "mfu_infer": _mfu(forward[1]), "forward_overhead_s": forward[0],
+        "mfu_train": _mfu(train[1]), "optimizer_step_overhead_s": train[0],
+        "train_micro_batch_overhead_s": sum(micro) / len(micro),
+        "mfu_prefill": _mfu(prefill[1]), "prefill_overhead_s": prefill[0],
+        "mfu_decode": _mfu(decode[1]), "decode_step_overhead_s": decode[0],
+        "op_overhead_s": op[0],
+    }
+    name = cluster.name if cluster.name.endswith("+calibrated") else f"{cluster.name}+calibrated"
+    return ClusterSpec(**{**cluster.model_dump(), **fitted, "name": name})
+
+
+# ---------------------------------------------------------------- the cache
+def cache_dir() -> Path:
+    """``$HYBRIDFLOW_CACHE/calibration``, default ``~/.cache/hybridflow/calibration``."""
+    root = os.environ.get("HYBRIDFLOW_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "hybridflow") / "calibration"
+
+
+_NOT_SHAPE = ("_name_or_path", "transformers_version")
+
+
+def profile_key(config: Mapping, device: str, threads: int, **settings) -> str:
+    """Hex digest of what a profile depends on: the model config (names left out), device, threads,
+    torch version, host and CPU model, the profile's settings (batch sizes, lengths) and the format."""
+    import torch
+
+    shape = {k: v for k, v in config.items() if k not in _NOT_SHAPE}
+    described = {"config": shape, "device": str(device), "threads": int(threads), "torch": torch.__version__,
+                 "host": host_description(), "settings": settings, "format": PROFILE_FORMAT}
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", threads: int | None = None, *,
+                   cache: bool = True, **settings) -> tuple[Profile, bool]:
+    """(profile, whether it came from the cache) of ``model``: read from :func:`cache_dir` or measured and stored.
+
+    ``settings`` go to :func:`profile_model` (batch_sizes, prompt_len, ...) and into the key.
+    """
+    import torch
+
+    config, _ = load_model_config(model)
+    used_threads = threads if threads is not None else torch.get_num_threads()
+    file = cache_dir() / f"{profile_key(config, device, used_threads, **settings)}.json"
+    if cache and file.is_file():
+        try:
+            return Profile.from_json(file.read_text(encoding="utf-8")), True
+        except ValueError:
+            pass  # a stale or broken entry: measure again and overwrite it
+    profile = profile_model(model, device=device, threads=used_threads, **settings)
+    if cache:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        staging = file.with_suffix(f".{os.getpid()}.tmp")
+        staging.write_text(profile.to_json(), encoding="utf-8")
+        staging.replace(file)
+    return profile, False
+
+
+def calibrate(cluster: ClusterSpec | str, models: Mapping[str, str | os.PathLike | None], device: str = "cpu",
+              threads: int | None = None, cache: bool = True, options: CostOptions | None = None) -> ClusterSpec:
+    """``cluster`` calibrated to the models of a run: role -> model folder (None or ``"rule"``: no model).
+
+    Each distinct folder is profiled once (or read from the cache); the
+    factors are fitted to all profiles together (:func:`calibrated_cluster`).
+    """
+    cluster = ClusterSpec.parse(cluster) if isinstance(cluster, str) else cluster
+    folders = []
+    for role, model in models.items():
+        if model is None or str(model) == "rule":
+            continue
+        path = Path(model).resolve()
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"calibrate: the model of role {role!r}, {str(model)!r}, is not a folder with a config.json")
+        if path not in folders:
+            folders.append(path)
+    if not folders:
+        raise ConfigError(f"calibrate: no role of {sorted(models)} has a model folder to measure")
+    profiles = [cached_profile(folder, device, threads, cache=cache)[0] for folder in folders]
+    return calibrated_cluster(cluster, profiles, options)

@@ -1,0 +1,197 @@
+"""Calibration: the fit reproduces what it was fitted on, presets are untouched, the cache is keyed, a real profile runs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import hybridflow.compiler.calibrate as calibration
+from hybridflow.algorithms import ALGORITHMS
+from hybridflow.cli import main
+from hybridflow.compiler import ClusterSpec, ModelSpec
+from hybridflow.compiler.calibrate import (FITTED_FIELDS, Profile, cached_profile, calibrate, calibrated_cluster,
+                                           engine_cost_options, fit_line, profile_model)
+from hybridflow.compiler.cluster import CLUSTER_PRESETS, GIB
+from hybridflow.compiler.compile import compile
+from hybridflow.compiler.cost import CostOptions, Generate, Infer, Update, estimate
+from hybridflow.compiler.layout import Layout
+from hybridflow.compiler.memory import OPTIMIZER_STEP_BYTES_PER_PARAM
+from hybridflow.errors import ConfigError
+
+TINY = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, intermediate=256, vocab=25, qkv_bias=True)
+CPU = ClusterSpec(name="cpu", nodes=1, devices_per_node=1, device_memory_bytes=64 * GIB, peak_flops=1e11,
+                  memory_bandwidth=2e10, intra_node_bandwidth=2e10, inter_node_bandwidth=1e9, host_bandwidth=2e10)
+ONE = Layout(1)
+SIZES = (16, 64, 256)
+P, R, SPLIT = 8, 4, 4
+OVERHEADS = dict(mfu_infer=0.2, mfu_train=0.25, mfu_prefill=0.3, mfu_decode=0.07, forward_overhead_s=1.5e-3,
+                 train_micro_batch_overhead_s=4e-3, optimizer_step_overhead_s=2e-3, prefill_overhead_s=3e-4,
+                 decode_step_overhead_s=1.4e-3, op_overhead_s=2.5e-4)
+
+
+def _times(cluster: ClusterSpec, model: ModelSpec = TINY) -> dict:
+    """What the cost rules predict for every figure of a profile (the rule side of the fit)."""
+    def options(b, micro=None):
+        return engine_cost_options(train_micro_batch=micro or b, infer_micro_batch=b)
+
+    return dict(
+        forward_s=tuple(estimate(Infer(model, ONE, False, b, P + R), cluster, options(b)).time_s for b in SIZES),
+        train_s=tuple(estimate(Update(model, ONE, b, P + R), cluster, options(b)).time_s for b in SIZES),
+        train_split_s=estimate(Update(model, ONE, SIZES[-1], P + R), cluster, options(SIZES[-1], SIZES[-1] // SPLIT)).time_s,
+        prefill_s=tuple(estimate(Generate(model, ONE, b, P, 1), cluster, options(b)).time_s for b in SIZES),
+        generate_s=tuple(estimate(Generate(model, ONE, b, P, R), cluster, options(b)).time_s for b in SIZES))
+
+
+def _profile(model: ModelSpec = TINY, **times) -> Profile:
+    controller = tuple(2.5e-4 + 1e-8 * b * R for b in SIZES)
+    return Profile(model=model, source="hand", device="cpu", threads=1, torch_version="x", host="h", prompt_len=P,
+                   response_len=R, batch_sizes=SIZES, split_micro_batches=SPLIT, controller_s=controller, **times)
+
+
+# ------------------------------------------------------------------ the fit
+def test_fit_line_is_least_squares_within_its_bounds():
+    assert fit_line([1, 2, 3], [3, 5, 7]) == pytest.approx((1, 2))
+    # intercept would be negative (-1): the bound a = 0 binds, slope Σxt/Σx² = (1+6+15)/14
+    assert fit_line([1, 2, 3], [1, 3, 5]) == pytest.approx((0, 22 / 14))
+    # slope 0.5 is below min_slope 1: s = 1 binds, a = mean(t) - mean(x) = 2.5 - 2 = 0.5
+    assert fit_line([1, 2, 3], [2, 2.5, 3], min_slope=1.0) == pytest.approx((0.5, 1.0))
+    with pytest.raises(ConfigError):
+        fit_line([], [])
+
+
+def test_fit_recovers_the_factors_that_made_exact_measurements():
+    truth = CPU.model_copy(update=OVERHEADS)
+    fitted = calibrated_cluster(CPU, _profile(**_times(truth)))
+    for name in FITTED_FIELDS:
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6, abs=1e-12), name
+    assert fitted.name == "cpu+calibrated" and fitted.peak_flops == CPU.peak_flops
+
+
+def test_fitted_rules_reproduce_noisy_measurements_up_to_the_least_squares_residual():
+    truth = CPU.model_copy(update=OVERHEADS)
+    exact = _times(truth)
+    noise = {"forward_s": (1.03, 0.98, 1.01), "train_s": (0.97, 1.02, 1.0), "prefill_s": (1.0, 1.0, 1.0),
+             "generate_s": (1.0, 1.0, 1.0)}
+    measured = {k: tuple(v * f for v, f in zip(exact[k], noise[k])) if k in noise else v for k, v in exact.items()}
+    profile = _profile(**measured)
+    predicted = _times(calibrated_cluster(CPU, profile))
+    # The tolerance: an unconstrained least-squares line through the measured points (numpy) misses
+    # each point by its residual; the fitted rules are that line, so they miss by the same amount.
+    n = TINY.flop_params
+    for key, flops in (("forward_s", 2 * n * (P + R)), ("train_s", 6 * n * (P + R))):
+        x = np.array([flops * b / CPU.peak_flops for b in SIZES])
+        t = np.array(measured[key])
+        if key == "train_s":
+            adam = OPTIMIZER_STEP_BYTES_PER_PARAM * TINY.params / (CPU.memory_bandwidth * CPU.memory_bandwidth_efficiency)
+            t = t - adam - (measured["train_split_s"] - measured["train_s"][-1]) / (SPLIT - 1)
+        slope, intercept = np.polyfit(x, t, 1)
+        residual = np.abs(intercept + slope * x - t)
+        assert np.abs(np.array(predicted[key]) - np.array(measured[key])) == pytest.approx(residual, abs=1e-9), key
+        assert residual.max() > 1e-5  # the noise is really there
+    for key in ("prefill_s", "generate_s"):
+        assert predicted[key] == pytest.approx(measured[key], rel=1e-6), key
+    # the split update is the largest batch's plus (m - 1) micro-batch overheads: it misses by that batch's residual
+    assert predicted["train_split_s"] - measured["train_split_s"] == pytest.approx(
+        predicted["train_s"][-1] - measured["train_s"][-1], abs=1e-9)
+
+
+def test_profiles_of_several_models_are_fitted_together():
+    truth = CPU.model_copy(update=OVERHEADS)
+    wide = ModelSpec(name="wide", layers=2, hidden=128, heads=4, kv_heads=2, intermediate=512, vocab=25, qkv_bias=True)
+    fitted = calibrated_cluster(CPU, [_profile(**_times(truth)), _profile(wide, **_times(truth, wide))])
+    assert fitted.mfu_train == pytest.approx(truth.mfu_train, rel=1e-6)
+    assert fitted.decode_step_overhead_s == pytest.approx(truth.decode_step_overhead_s, rel=1e-6)
+
+
+# ------------------------------------------------------------------ presets unchanged
+def test_presets_have_no_overheads_and_compile_as_before():
+    zero = {name: 0.0 for name in FITTED_FIELDS if name.endswith("_s")}
+    for preset in CLUSTER_PRESETS.values():
+        assert all(getattr(preset, name) == 0.0 for name in zero) and preset.mfu_decode is None
+        assert preset.decode_mfu == preset.mfu_infer
+    graph = ALGORITHMS["grpo"].build(n=8)
+    base = compile(graph, "a100-80g:1", "llama2-7b", placement="colocate")
+    explicit = ClusterSpec.parse("a100-80g:1").model_copy(update={**zero, "mfu_decode": 0.5})
+    same = compile(graph, explicit, "llama2-7b", placement="colocate", options=CostOptions(shared_prefill=False))
+    assert same.predicted_iteration_s == base.predicted_iteration_s
+    assert [(o.predicted_start_s, o.predicted_end_s) for o in same.ops] == [(o.predicted_start_s, o.predicted_end_s) for o in base.ops]
+
+
+def test_overheads_add_per_call_and_shared_prefill_prefills_prompts_once():
+    a100 = CLUSTER_PRESETS["a100-80g"]
+    options = CostOptions(infer_micro_batch=16, train_micro_batch=4)
+    infer = Infer(TINY, ONE, False, 64, 128)
+    assert (estimate(infer, a100.model_copy(update={"forward_overhead_s": 0.01}), options).time_s
+            == pytest.approx(estimate(infer, a100, options).time_s + 4 * 0.01))  # 64 / 16 = 4 micro-batches
+    update = Update(TINY, ONE, 64, 128, epochs=2, mini_batches=2)  # 4 steps of 32 = 8 micro-batches of 4
+    busy = a100.model_copy(update={"train_micro_batch_overhead_s": 0.01, "optimizer_step_overhead_s": 0.1})
+    assert estimate(update, busy, options).time_s == pytest.approx(estimate(update, a100, options).time_s + 4 * (8 * 0.01 + 0.1))
+    gen = Generate(TINY, ONE, 64, 100, 10, samples=16)
+    prefill = dict(estimate(gen, a100, CostOptions(shared_prefill=True)).parts)["prefill"]
+    assert prefill == pytest.approx(dict(estimate(gen, a100).parts)["prefill"] / 16)
+
+
+# ------------------------------------------------------------------ the cache
+def _model_dir(tmp_path, hidden=64):
+    folder = tmp_path / f"model{hidden}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 4 * hidden, "vocab_size": 25, "_name_or_path": str(folder)}))
+    return folder
+
+
+@pytest.fixture
+def fake_profiler(monkeypatch, tmp_path):
+    """profile_model replaced by a hand-made profile; counts the folders it measured."""
+    calls = []
+    exact = _times(CPU.model_copy(update=OVERHEADS))
+
+    def fake(model, device="cpu", threads=None, **settings):
+        calls.append((str(model), threads))
+        return _profile(**exact).model_copy(update={"threads": threads, "source": str(model)})
+
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibration, "profile_model", fake)
+    return calls
+
+
+def test_cache_round_trips_and_is_keyed_by_threads(tmp_path, fake_profiler):
+    model = _model_dir(tmp_path)
+    first, cached = cached_profile(model, threads=1)
+    assert not cached and len(list((tmp_path / "cache" / "calibration").glob("*.json"))) == 1
+    again, cached = cached_profile(model, threads=1)
+    assert cached and again == first and len(fake_profiler) == 1
+    _, cached = cached_profile(model, threads=2)  # another thread count: another key
+    assert not cached and len(fake_profiler) == 2
+    _, cached = cached_profile(model, threads=1, cache=False)
+    assert not cached and len(fake_profiler) == 3
+
+
+def test_calibrate_profiles_each_folder_once_and_skips_rule_roles(tmp_path, fake_profiler):
+    model, other = _model_dir(tmp_path), _model_dir(tmp_path, hidden=32)
+    cluster = calibrate(CPU, {"actor": model, "ref": str(model), "critic": other, "reward": None, "cost": "rule"}, threads=1)
+    assert sorted(c[0] for c in fake_profiler) == sorted([str(model.resolve()), str(other.resolve())])
+    assert cluster.mfu_decode == pytest.approx(OVERHEADS["mfu_decode"], rel=1e-6)
+    with pytest.raises(ConfigError, match="role 'actor'"):
+        calibrate(CPU, {"actor": tmp_path / "missing"})
+    with pytest.raises(ConfigError, match="no role"):
+        calibrate(CPU, {"reward": None})
+
+
+# ------------------------------------------------------------------ a real profile
+def test_real_profile_of_the_tiny_model_and_the_command(tmp_path, monkeypatch, capsys):
+    from hybridflow.data import create_tiny_model_dir
+
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))
+    folder = create_tiny_model_dir(tmp_path / "tiny", task="arithmetic", seed=0, hidden=64, layers=2, heads=4, kv_heads=2)
+    profile = profile_model(folder, threads=1, batch_sizes=(4, 16), repeats=1)
+    assert profile.model.params == 126_656 and profile.threads == 1
+    assert all(t > 0 for t in profile.forward_s + profile.train_s + profile.prefill_s + profile.generate_s)
+    assert profile.generate_s[0] > profile.prefill_s[0]  # R tokens take longer than one
+    fitted = calibrated_cluster(ClusterSpec.preset("cpu-local"), profile)
+    assert all(0 < getattr(fitted, f) <= 1 for f in FITTED_FIELDS if f.startswith("mfu"))
+    assert main(["profile", "--model", str(folder), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "measured in" in out and "decode_step_overhead_s" in out and "cpu-local+calibrated" in out
