@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/bench_overlap.py                 # 8 measured steps each (~2 min)
     .venv/bin/python tools/bench_overlap.py --steps 4       # quicker, noisier
+    .venv/bin/python tools/bench_overlap.py --from-config   # the same comparison through the trainer and its config
 
 Placement (compiled: ``actor+reward@1;actor.generate@1``): the rollout engine
 on a generation pool of one worker, the actor's training on a train pool of one
@@ -35,13 +36,31 @@ import torch
 
 
 def plans(graph):
-    from hybridflow.compiler.cluster import ClusterSpec
-    from hybridflow.compiler.compile import compile
+    from hybridflow.compiler import Machine, compile_for
 
-    cluster = ClusterSpec.preset("a100-80g").model_copy(update={"devices_per_node": 2})
+    machine = Machine("cpu", 2, threads_per_slot=1, where="ray")
     spec = "actor+reward@1;actor.generate@1"
-    models = {"actor": "qwen2.5-0.5b", "reward": "rule"}
-    return {k: compile(graph, cluster, models, placement=spec, staleness=k) for k in (0, 1)}
+    return {k: compile_for(graph, "qwen2.5-0.5b", machine=machine, placement=spec, staleness=k) for k in (0, 1)}
+
+
+def run_config(staleness: int, model_dir, out, args) -> tuple[list[float], float, float]:
+    """``hybridflow run``'s path: the grpo_arith config with placement=split executor=ray staleness=K; returns
+    the step times after warm-up and (staleness 0) the median generation and rest-of-step times."""
+    from hybridflow.trainer import Trainer
+    from hybridflow.trainer.config_files import load_run_config
+
+    _, config = load_run_config("examples/configs/grpo_arith.yaml", [
+        "algorithm=grpo_is", f"actor_model_name={model_dir}", "placement=split", "executor=ray", f"staleness={staleness}",
+        "cpu_slots=2", f"max_steps={args.warmup + args.steps}", f"rollout_batch_size={args.prompts}", "n_samples=4",
+        f"max_response_length={args.new_tokens}", "eval_freq=0", "save_freq=0", "trackers=[console]", "log_every=1000",
+        "progress_bar=false", f"output_dir={out / f'stale{staleness}'}", "stop_at_val_score=null"])
+    trainer = Trainer(config, algorithm="grpo_is")
+    try:
+        history = trainer.train()
+        g, t = split_times(trainer.executor, args.warmup)
+    finally:
+        trainer.executor.shutdown()
+    return [m["timing_s/step"] for m in history[args.warmup:]], g, t
 
 
 def specs(graph, args):
@@ -98,8 +117,24 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--from-config", action="store_true",
+                        help="train from examples/configs/grpo_arith.yaml (placement=split executor=ray staleness=0|1), "
+                             "as 'hybridflow run' does, instead of driving the executor directly")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.from_config:
+        import tempfile
+        from pathlib import Path
+
+        from hybridflow.data import create_tiny_model_dir
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = create_tiny_model_dir(Path(tmp) / "model", task="arithmetic", seed=0, hidden=args.hidden,
+                                              layers=args.layers, heads=4, kv_heads=2)
+            on_policy, g, t = run_config(0, model_dir, Path(tmp), args)
+            overlapped, _, _ = run_config(1, model_dir, Path(tmp), args)
+        report(on_policy, overlapped, g, t, args)
+        return
 
     import ray
 
@@ -119,13 +154,17 @@ def main() -> None:
     on_policy, executor = run(compiled[0], role_specs, batches, args)
     g, t = split_times(executor, args.warmup)
     overlapped, _ = run(compiled[1], role_specs, batches, args)
+    report(on_policy, overlapped, g, t, args)
+    ray.shutdown()
+
+
+def report(on_policy: list[float], overlapped: list[float], g: float, t: float, args) -> None:
     step0, step1 = statistics.median(on_policy), statistics.median(overlapped)
     speedup, ideal = step0 / step1, (g + t) / max(g, t)
     print(f"generation g = {g:.3f} s, rest of step t = {t:.3f} s   (staleness 0, medians of {args.steps} steps)")
     print(f"step time: staleness 0 = {step0:.3f} s, staleness 1 = {step1:.3f} s")
     print(f"speedup {speedup:.2f}x of ideal (g+t)/max(g,t) = {ideal:.2f}x: {100 * speedup / ideal:.0f}% of ideal "
           f"(goal >= 85%)")
-    ray.shutdown()
 
 
 if __name__ == "__main__":

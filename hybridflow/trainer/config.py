@@ -120,6 +120,7 @@ class PPOConfig(BaseModel):
     placement: str = Field("auto", description="How the compiler places the roles on the run's devices: auto (its search), colocate, split, standalone, a pool spec 'actor+ref@1;critic@1' (ROLE.generate@N: a rollout pool of its own), or a device map 'actor=cuda:0,critic=cuda:1' (device_map does the same as a dict). The plan that runs is written to output_dir/plan.json.")
     staleness: int = Field(0, ge=0, le=1, description="0: on-policy. 1: generation of step i+1 overlaps training of step i on a rollout pool of its own (executor='ray'); the rollout trained on is one update old.")
     plan: str | None = Field(None, description="A plan file from 'hybridflow compile' (or a run's plan.json) to run exactly, instead of compiling one: its graph must be the one this config builds, and this machine must have its devices.")
+    calibrate: bool = Field(True, description="Profile the run's models on this machine before compiling (a few seconds, cached under ~/.cache/hybridflow or HYBRIDFLOW_CACHE), so the plan's predicted times are this machine's; False: datasheet figures.")
     cpu_slots: int | None = Field(None, ge=1, description="Without a GPU: how many device slots the CPU is cut into (each a share of the cores; on Ray one process per slot). None: 1 for executor='local', min(4, cores) on Ray.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None: torch's default.")
     seed: int = Field(0, description="Seed of the data order, sampling and model initialisation.")
@@ -207,7 +208,7 @@ ROLE_SOURCE_FIELDS: dict[str, str] = {"cost_fn": "cost", "cost_model_name": "cos
 RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
-    "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan",
+    "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -8,6 +8,10 @@
   function costs nothing: ``"rule"``);
 * the batch shape from the config: prompts per step, the padded prompt length
   of the training prompts, the response length, epochs and mini-batches;
+* the cluster's figures measured on this machine (``calibrate``, on by default:
+  :func:`~hybridflow.compiler.calibrate.calibrate` profiles each model folder
+  once and caches the result), so the plan's predicted times are this
+  machine's; the run's summary sets them against the measured ones;
 * ``placement`` (a strategy, a pool spec, or a device map — ``device_map``
   is the same as a map in ``placement``) and ``staleness``;
 
@@ -18,10 +22,13 @@ instead, checks that its graph is the one the config builds, and binds it
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..compiler import bind, local_machine
+from ..compiler.calibrate import engine_cost_options
+from ..compiler.cluster import ClusterSpec
 from ..compiler.compile import compile_report
 from ..compiler.cost import CostOptions
 from ..compiler.machine import Machine
@@ -36,7 +43,7 @@ from ..graph.serialize import graph_to_dict
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["run_machine", "model_specs", "batch_shape", "placement_request", "plan_for_run", "check_same_graph", "plan_summary"]
+__all__ = ["run_machine", "model_specs", "batch_shape", "cost_options", "run_cluster", "placement_request", "plan_for_run", "check_same_graph", "plan_summary"]
 
 log = logging.getLogger("hybridflow.trainer")
 
@@ -75,37 +82,87 @@ def _spec(source, role: str) -> ModelSpec | str:
                              "give a model folder with a config.json") from None
 
 
-def model_specs(trainer: "Trainer") -> dict[str, ModelSpec | str]:
-    """Role -> the model the compiler costs for it (``"rule"`` for functions and remote reward servers)."""
-    cfg, models = trainer.config, {}
+def _model_sources(trainer: "Trainer") -> dict:
+    """Role -> its model's path or name (None: a function or a remote reward server)."""
+    cfg, sources = trainer.config, {}
     for role in trainer.graph.roles:
         if role.kind == "policy":
-            source = trainer.actor_path
+            sources[role.name] = trainer.actor_path
         elif role.kind == "critic":
-            source = cfg.critic_model_name or trainer.actor_path
+            sources[role.name] = cfg.critic_model_name or trainer.actor_path
         elif role.kind == "reference":
-            source = cfg.ref_model_name or trainer.actor_path
+            sources[role.name] = cfg.ref_model_name or trainer.actor_path
         elif role.kind == "cost":
-            source = cfg.cost_model_name
+            sources[role.name] = cfg.cost_model_name
         else:
-            source = None if trainer._reward_source is not None else cfg.reward_model_name
-        models[role.name] = _spec(source, role.name)
-    return models
+            sources[role.name] = None if trainer._reward_source is not None else cfg.reward_model_name
+    return sources
+
+
+def model_specs(trainer: "Trainer") -> dict[str, ModelSpec | str]:
+    """Role -> the model the compiler costs for it (``"rule"`` for functions and remote reward servers)."""
+    return {role: _spec(source, role) for role, source in _model_sources(trainer).items()}
+
+
+def _responses(trainer: "Trainer") -> int:
+    samples = max((n.attrs.n for n in trainer.graph.nodes if n.kind == "generate" and getattr(n.attrs, "n", None)), default=1)
+    return trainer.config.rollout_batch_size * samples
+
+
+def _cuda_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def batch_shape(trainer: "Trainer") -> BatchShape:
-    """One step's batch as the compiler sees it (module docstring)."""
+    """One step's batch as the compiler sees it (module docstring); ``prompts`` is the rollout batch (the graph's
+    ``n`` multiplies it into responses)."""
     from ..data import make_prompt_batch
 
     cfg = trainer.config
-    rows = trainer.train_rows[: max(cfg.rollout_batch_size, 64)]
-    prompts = make_prompt_batch(rows, trainer.tokenizer, max_prompt_length=cfg.max_prompt_length,
-                                apply_chat_template=cfg.apply_chat_template)
-    samples = max((n.attrs.n for n in trainer.graph.nodes if n.kind == "generate" and getattr(n.attrs, "n", None)), default=1)
-    responses = cfg.rollout_batch_size * samples
-    mini = max(1, responses // cfg.batch_size) if cfg.batch_size else 1
+    prompts = make_prompt_batch(trainer.train_rows[:cfg.rollout_batch_size], trainer.tokenizer,
+                                max_prompt_length=cfg.max_prompt_length, apply_chat_template=cfg.apply_chat_template)
     return BatchShape(prompts=cfg.rollout_batch_size, prompt_len=int(prompts["prompt_ids"].shape[1]),
-                      response_len=trainer.max_response_length, epochs=cfg.ppo_epochs, mini_batches=mini)
+                      response_len=trainer.max_response_length, epochs=cfg.ppo_epochs,
+                      mini_batches=math.ceil(_responses(trainer) / (cfg.batch_size or _responses(trainer))))
+
+
+def cost_options(trainer: "Trainer") -> CostOptions:
+    """The cost model's view of hybridflow's engines at this config's micro-batches; data parallelism only."""
+    cfg, responses = trainer.config, _responses(trainer)
+    options = engine_cost_options(train_micro_batch=cfg.micro_batch_size or cfg.batch_size or responses,
+                                  infer_micro_batch=cfg.micro_batch_size or responses)
+    return options.model_copy(update={"data_parallel_only": True})
+
+
+def run_cluster(trainer: "Trainer", machine: Machine) -> ClusterSpec:
+    """The machine's cluster, calibrated by profiling the run's model folders on one of its devices (cached)
+    when ``calibrate`` is on and every model is a local folder; the datasheet figures otherwise."""
+    cluster = machine.cluster()
+    cfg = trainer.config
+    if not cfg.calibrate:
+        return cluster
+    if machine.kind == "cuda" and not _cuda_here():
+        log.info("calibrate: the Ray cluster's GPUs are not visible to this process; datasheet figures")
+        return cluster
+    folders = {role: source for role, source in _model_sources(trainer).items() if source is not None}
+    if any(not (Path(str(p)) / "config.json").is_file() for p in folders.values()):
+        log.info("calibrate: not every model is a local folder (%s); the cost model uses datasheet figures",
+                 ", ".join(f"{r}={p}" for r, p in folders.items()))
+        return cluster
+    from ..compiler.calibrate import calibrate
+
+    import torch
+
+    device = "cuda:0" if machine.kind == "cuda" else "cpu"
+    with torch.random.fork_rng(devices=[]):  # profiling builds models: the run's random stream must not move
+        threads = torch.get_num_threads()
+        try:
+            return calibrate(cluster, folders, device=device, threads=machine.threads_per_slot,
+                             options=cost_options(trainer))
+        finally:
+            torch.set_num_threads(threads)
 
 
 def placement_request(trainer: "Trainer", machine: Machine):
@@ -153,8 +210,10 @@ def plan_for_run(trainer: "Trainer", machine: Machine) -> ExecutionPlan:
             raise PlanError(f"plan {cfg.plan!r} has staleness {plan.staleness}, the config asks for {cfg.staleness}; "
                             "drop one of them")
         return bind(plan, machine)
-    report = compile_report(trainer.graph, machine.cluster(), model_specs(trainer), placement=placement_request(trainer, machine),
-                            staleness=cfg.staleness, batch=batch_shape(trainer), options=CostOptions(data_parallel_only=True))
+    models = model_specs(trainer)
+    report = compile_report(trainer.graph, run_cluster(trainer, machine), models,
+                            placement=placement_request(trainer, machine), staleness=cfg.staleness,
+                            batch=batch_shape(trainer), options=cost_options(trainer))
     log.info("compiled %s for %s in %.2f s: %s, predicted %.3g s per step", trainer.graph.name, machine.describe(),
              report.seconds, report.plan.strategy, report.plan.predicted_iteration_s or 0.0)
     return bind(report.plan, machine)

@@ -62,6 +62,11 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
     if trainer.executor is not None and trainer.executor.recorder.spans:
         # one track per worker on Ray (trace_spans), one per device locally
         paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), out / "trace.json")
+        spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
+        table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
+        (out / "timing.txt").write_text(table + "\n")
+        paths["timing"] = out / "timing.txt"
+        trainer.timing_table = table
     return paths
 
 
@@ -113,6 +118,11 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
     lines.append(f"plan:       {out / 'plan.json'}   drawing: {artifacts.get('graph')}")
     if "trace" in artifacts:
         lines.append(f"trace:      {artifacts['trace']} (open in ui.perfetto.dev or chrome://tracing)")
+    table = getattr(trainer, "timing_table", None)
+    if table:
+        step = next(line for line in table.splitlines() if line.startswith("step "))
+        pred, meas, ratio = step.split()[1:4]
+        lines.append(f"step time:  predicted {pred} s, measured {meas} s (ratio {ratio}); per op: {artifacts['timing']}")
     if trainer.last_checkpoint is not None:
         lines.append(f"checkpoint: {trainer.last_checkpoint}")
         lines.append(f"export:     hybridflow export {trainer.last_checkpoint} --to {out / 'hf_model'}")

@@ -77,6 +77,8 @@ class Trainer:
         """'SIGINT' or 'SIGTERM' when a signal stopped the last train() early (see :mod:`.interrupt`)."""
         self._saved_step = 0
         self._lock = RunLock(self.output_dir)
+        self._ahead: tuple[list[dict], Any] | None = None
+        """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
 
     # -- wiring ------------------------------------------------------------------------
     def set_reward_model(self, reward: Any) -> None:
@@ -230,7 +232,7 @@ class Trainer:
             while self.step < cfg.max_steps and not stop.requested:
                 self.step += 1
                 try:
-                    metrics = self.train_step(self.loader.next_batch())
+                    metrics = self.train_step(self._next_rows())
                 except WorkerLostError as err:
                     if stop.requested:  # the signal reached the workers too: the step is abandoned
                         self.step, lost = self.step - 1, err
@@ -302,16 +304,34 @@ class Trainer:
         log.warning("%s -- restart %d of %d: new workers, resuming from the newest checkpoint", err, used + 1,
                     self.config.max_restarts)
         self.executor.restart()
+        self._ahead = None  # its generation died with the workers
         resume_newest(self)
         return used + 1
 
-    def train_step(self, rows: list[dict]) -> dict[str, float]:
+    def _next_rows(self) -> list[dict]:
+        """The next step's prompt rows: the ones whose generation already started (staleness 1), else the loader's."""
+        if self._ahead is not None:
+            return self._ahead[0]
+        return self.loader.next_batch()
+
+    def _prompt_batch(self, rows: list[dict]):
         from ..data import make_prompt_batch
 
-        prompts = make_prompt_batch(rows, self.tokenizer, max_prompt_length=self.config.max_prompt_length,
-                                    apply_chat_template=self.config.apply_chat_template)
+        if self._ahead is not None and self._ahead[0] is rows:
+            return self._ahead[1]  # the very batch the executor is generating for
+        return make_prompt_batch(rows, self.tokenizer, max_prompt_length=self.config.max_prompt_length,
+                                 apply_chat_template=self.config.apply_chat_template)
+
+    def train_step(self, rows: list[dict]) -> dict[str, float]:
+        """One iteration of the plan on ``rows``; with a staleness-1 plan, the next step's generation starts now."""
+        prompts = self._prompt_batch(rows)
+        self._ahead, ahead = None, {}
+        if self.plan.staleness and self.step < self.config.max_steps:
+            following = self.loader.next_batch()
+            self._ahead = (following, self._prompt_batch(following))
+            ahead = {"next_inputs": {"prompts": self._ahead[1]}}
         start, first_span = time.perf_counter(), len(self.executor.recorder.spans)
-        result = self.executor.run_iteration({"prompts": prompts}, params=self.algorithm_state.node_params())
+        result = self.executor.run_iteration({"prompts": prompts}, params=self.algorithm_state.node_params(), **ahead)
         elapsed = time.perf_counter() - start
         role_kinds = {r.name: r.kind for r in self.graph.roles}
         ops = {n.name: n.op for n in self.graph.nodes}

@@ -14,7 +14,7 @@ TINY = "qwen2.5-0.5b"
 SMALL = BatchShape(prompts=8, prompt_len=16, response_len=16, mini_batches=1)
 
 
-def plan_local(graph, device_map=None):
+def device_map_plan(graph, device_map=None):
     """``graph`` compiled with a device map (every role on the CPU unless the map says otherwise), not bound."""
     from hybridflow.compiler.compile import compile
 
@@ -26,7 +26,7 @@ def plan_local(graph, device_map=None):
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_plan_round_trips_json_and_names_every_node(name):
     graph = ALGORITHMS[name].build()
-    plan = plan_local(graph)
+    plan = device_map_plan(graph)
     again = ExecutionPlan.from_json(plan.to_json())
     assert again == plan
     assert again.graph_ir() == graph
@@ -36,7 +36,7 @@ def test_plan_round_trips_json_and_names_every_node(name):
 
 
 def test_weight_sync_precedes_each_generation_of_an_updated_policy():
-    plan = plan_local(ALGORITHMS["remax"].build())  # two generations: sampled and greedy
+    plan = device_map_plan(ALGORITHMS["remax"].build())  # two generations: sampled and greedy
     names = [op.name for op in plan.ops]
     for op in plan.ops:
         if op.kind == "node" and op.node.startswith("actor.generate"):
@@ -49,7 +49,7 @@ def _broken(plan: ExecutionPlan, **changes) -> ExecutionPlan:
 
 
 def test_verifier_names_the_pass_and_the_problem():
-    plan = plan_local(ALGORITHMS["ppo"].build())
+    plan = device_map_plan(ALGORITHMS["ppo"].build())
     ops = list(plan.ops)
     # Dropping the generate op leaves its consumers depending on an op that does not exist.
     no_generate = _broken(plan, ops=tuple(o for o in ops if o.node != "actor.generate"))
@@ -83,7 +83,7 @@ def test_verifier_names_the_pass_and_the_problem():
 
 
 def test_from_json_rejects_garbage_with_plan_errors():
-    plan = plan_local(ALGORITHMS["grpo"].build())
+    plan = device_map_plan(ALGORITHMS["grpo"].build())
     for text in ("{", "[]", '{"version": 99}', plan.to_json().replace('"ops"', '"opz"')):
         with pytest.raises(PlanError):
             ExecutionPlan.from_json(text)
@@ -91,22 +91,22 @@ def test_from_json_rejects_garbage_with_plan_errors():
 
 def test_device_map_aliases_and_errors():
     graph = ALGORITHMS["ppo"].build()
-    plan = plan_local(graph, {"actor": "cpu", "critic": "cpu", "ref": "cpu", "rm": "cpu"})
+    plan = device_map_plan(graph, {"actor": "cpu", "critic": "cpu", "ref": "cpu", "rm": "cpu"})
     assert [p.name for p in plan.pools] == ["cpu"]
     assert plan.placement("reward").pool == "cpu"
-    split = plan_local(graph, {"actor": "cuda:0", "critic": "cuda:1", "rm": "cpu"})
+    split = device_map_plan(graph, {"actor": "cuda:0", "critic": "cuda:1", "rm": "cpu"})
     assert split.placement("actor").pool == "cuda0" and split.placement("critic").pool == "cuda1"
     assert split.placement("ref").pool == "cpu"  # unnamed roles default to cpu here
-    assert plan_local(graph, {"actor": "cuda"}).placement("actor").pool == "cuda0"
+    assert device_map_plan(graph, {"actor": "cuda"}).placement("actor").pool == "cuda0"
     # bound to a machine with two GPUs, the map's devices are kept; a CPU-only machine lacks them
     bound = bind(split, Machine("cuda", 2))
     assert bound.pool("cuda1").devices == ("cuda:1",) and bound.machine == "local: 2 CUDA devices"
     with pytest.raises(PlacementError, match=r"pool 'cuda1' \(critic\) needs 1 device\(s\) cuda:1; cuda:1 is not on this machine"):
         bind(split, Machine("cpu", 1))
     with pytest.raises(PlacementError, match="actor_lora.*roles are"):
-        plan_local(graph, {"actor_lora": "cuda:1"})
+        device_map_plan(graph, {"actor_lora": "cuda:1"})
     with pytest.raises(PlacementError, match="is not a device"):
-        plan_local(graph, {"actor": "gpu0"})
+        device_map_plan(graph, {"actor": "gpu0"})
 
 
 def test_bind_maps_slots_to_devices_and_keeps_their_names():

@@ -49,7 +49,7 @@ TINY = ModelSpec.from_config(_model().config.to_dict(), name="tiny")
 BATCH = BatchShape(prompts=4, prompt_len=8, response_len=3, mini_batches=1)
 
 
-def plan_local(graph, placement=None, slots=1):
+def local_plan_for(graph, placement=None, slots=1):
     """The graph compiled for this machine (all roles on one CPU device unless ``placement`` says otherwise), bound."""
     placement = placement or {r.name: "cpu" for r in graph.roles}
     return compile_for(graph, TINY, machine=local_machine(slots), placement=placement, batch=BATCH)
@@ -62,7 +62,7 @@ def _prompts(n=4):
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_standard_algorithm_runs_one_iteration(name, tmp_path):
     graph = ALGORITHMS[name].build(**({"n": 2} if "n" in dict(graph_attrs(name)) else {}))
-    executor = LocalExecutor(plan_local(graph), _specs(graph, reward=lambda *a, **k: 1.0 if name == "safe_rlhf" else compute_score(*a, **k)))
+    executor = LocalExecutor(local_plan_for(graph), _specs(graph, reward=lambda *a, **k: 1.0 if name == "safe_rlhf" else compute_score(*a, **k)))
     result = executor.run_iteration({"prompts": _prompts()})
     assert set(result.env) == {"prompts"} | {n.name for n in graph.nodes}
     for node in graph.nodes:
@@ -83,7 +83,7 @@ def graph_attrs(name):
 
 def test_compute_nodes_equal_the_op_called_directly():
     graph = ALGORITHMS["grpo"].build(n=4, kl_loss=False)
-    result = LocalExecutor(plan_local(graph), _specs(graph)).run_iteration({"prompts": _prompts(2)})
+    result = LocalExecutor(local_plan_for(graph), _specs(graph)).run_iteration({"prompts": _prompts(2)})
     rollout, scores = result.env["actor.generate"], result.env["reward.score"]["scores"]
     # The scores are the rule reward of the decoded responses, in order.
     expected = [compute_score("arithmetic", r, g) for r, g in zip(rollout["responses"], rollout["ground_truth"])]
@@ -98,7 +98,7 @@ def test_params_set_a_compute_node_for_one_iteration():
 
     graph = ALGORITHMS["safe_rlhf"].build(lagrange_lambda=0.5)
     costs = lambda data_source, solution_str, ground_truth, extra_info=None: float(len(solution_str.strip()) > 1)
-    executor = LocalExecutor(plan_local(graph), _specs(graph, reward=costs))
+    executor = LocalExecutor(local_plan_for(graph), _specs(graph, reward=costs))
 
     def combined(result, lagrange_lambda):
         env = result.env
@@ -116,7 +116,7 @@ def test_params_set_a_compute_node_for_one_iteration():
 
 def test_weight_sync_refreshes_a_separate_rollout_copy():
     graph = ALGORITHMS["grpo"].build(n=2, kl_loss=False)
-    executor = LocalExecutor(plan_local(graph), _specs(graph, share=False, lr=0.05))
+    executor = LocalExecutor(local_plan_for(graph), _specs(graph, share=False, lr=0.05))
     engines = executor.workers["cpu"].engines["actor"]
     assert engines.rollout.model is not engines.train.module
 
@@ -133,7 +133,7 @@ def test_weight_sync_refreshes_a_separate_rollout_copy():
 
 def test_offloaded_role_refuses_work_until_onloaded():
     graph = ALGORITHMS["grpo"].build(n=2, kl_loss=False)
-    plan = plan_local(graph)
+    plan = local_plan_for(graph)
     off = PlanOp(name="actor.offload", kind="offload", role="actor", pool="cpu", items=("params", "optimizer"))
     executor = LocalExecutor(plan.model_copy(update={"ops": (off,) + plan.ops}), _specs(graph))
     with pytest.raises(ExecutionError, match="offloaded"):
@@ -145,7 +145,7 @@ def test_offloaded_role_refuses_work_until_onloaded():
 
 def test_errors_name_what_is_wrong():
     graph = ALGORITHMS["grpo"].build(n=2, kl_loss=False)
-    plan = plan_local(graph)
+    plan = local_plan_for(graph)
     with pytest.raises(ExecutionError, match="no RoleSpec for role"):
         LocalExecutor(plan, {"actor": _specs(graph)["actor"]})
     executor = LocalExecutor(plan, _specs(graph))
@@ -171,7 +171,7 @@ PLACEMENTS = {
 def _two_iterations(placement, slots):
     graph = ALGORITHMS["ppo"].build()
     torch.manual_seed(0)
-    plan = plan_local(graph, placement, slots)
+    plan = local_plan_for(graph, placement, slots)
     executor = LocalExecutor(plan, _specs(graph, share=False, lr=0.05))
     metrics = [executor.run_iteration({"prompts": _prompts()}).metrics for _ in range(2)]
     return plan, executor, metrics

@@ -4,14 +4,15 @@ from __future__ import annotations
 import re
 
 from hybridflow.algorithms import ALGORITHMS
-from hybridflow.compiler.local_plan import plan_local
+from hybridflow.compiler import compile_for
+from hybridflow.compiler.passes import BatchShape
 from hybridflow.runtime.spans import Span
 from hybridflow.trainer.run_report import predicted_vs_measured
 
 
 def _plan():
-    """GRPO's local plan with predicted times: weight sync 0, generate 2 s, then 0.5 s per op after it."""
-    plan = plan_local(ALGORITHMS["grpo"].build())
+    """GRPO's plan with predicted times set by hand: weight sync 0, generate 2 s, then 0.5 s per op after it."""
+    plan = compile_for(ALGORITHMS["grpo"].build(), "qwen2.5-0.5b", batch=BatchShape(prompts=4, prompt_len=8, response_len=4))
     ops, clock = [], 0.0
     for op in plan.ops:
         seconds = 0.0 if op.kind == "weight_sync" else 2.0 if op.node == "actor.generate" else 0.5

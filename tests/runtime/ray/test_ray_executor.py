@@ -45,9 +45,10 @@ def test_three_steps_on_each_placement(ray_cluster, algorithm, placement):
         local = LocalExecutor(compile_for(graph, TINY, machine=local_machine(), placement={r.name: "cpu" for r in graph.roles},
                                           batch=BATCH), role_specs(graph))
     with RayExecutor(plan, role_specs(graph)) as executor:
-        # Every slot got its own (virtual) GPU from its pool's placement group.
-        gpus = [info["gpu_ids"] for info in executor.slot_info.values()]
+        # Every model slot got its own (virtual) GPU from its pool's placement group; the rule reward's host pool none.
+        gpus = [info["gpu_ids"] for name, info in executor.slot_info.items() if not name.startswith("host")]
         assert all(len(g) == 1 for g in gpus) and len({g[0] for g in gpus}) == len(gpus)
+        assert all(not info["gpu_ids"] for name, info in executor.slot_info.items() if name.startswith("host"))
         for step in range(STEPS):
             result = executor.run_iteration({"prompts": prompts(step)})
             _finite_outputs(graph, result)

@@ -21,7 +21,9 @@ def _learned(metrics: dict) -> dict:
 def _config(model_dir, out, **overrides) -> PPOConfig:
     settings = dict(actor_model_name=str(model_dir), output_dir=str(out), max_steps=3, rollout_batch_size=8,
                     max_response_length=3, actor_lr=2e-3, critic_lr=1e-3, val_samples=2, eval_freq=2, batch_size=4,
-                    save_freq=1, trackers=("jsonl",), progress_bar=False, num_threads=1)
+                    save_freq=1, trackers=("jsonl",), progress_bar=False, num_threads=1,
+                    # the model roles on one device of the test cluster (its 4 GPUs are virtual): the local run's math
+                    placement="actor+critic+ref@1")
     return PPOConfig(**{**settings, **overrides})
 
 
