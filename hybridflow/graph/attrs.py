@@ -65,10 +65,14 @@ class GenerateAttrs:
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    seed: int | None = None
+    """Seed of this node's sampling stream (continued across iterations); None: the rollout engine's own."""
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise GraphError(f"GenerateAttrs.n must be a positive int, got {self.n!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise GraphError(f"GenerateAttrs.seed must be an int or None, got {self.seed!r}")
         if not isinstance(self.greedy, bool):
             raise GraphError(f"GenerateAttrs.greedy must be a bool, got {self.greedy!r}")
         if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):

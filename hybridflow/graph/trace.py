@@ -141,9 +141,11 @@ class RoleHandle:
         return f"<role {self.role.name}: {self.role.kind}, {'trainable' if self.role.trainable else 'frozen'}>"
 
     def generate(self, prompts: Value, *, n: int = 1, greedy: bool = False, max_new_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None) -> Value:
-        """Sample ``n`` responses per prompt (a Rollout whose batch dim is the prompts' B times n)."""
-        attrs = GenerateAttrs(n=n, greedy=greedy, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+                 temperature: float | None = None, top_p: float | None = None, seed: int | None = None) -> Value:
+        """Sample ``n`` responses per prompt (a Rollout whose batch dim is the prompts' B times n); ``seed`` gives
+        the node a sampling stream of its own (validation samples apart from training's)."""
+        attrs = GenerateAttrs(n=n, greedy=greedy, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed)
         base = f"{self.role.name}.generate" + ("_greedy" if greedy else "")
         return self._tracer.record(base, "generate", "generate", self.role, attrs, (prompts,))
 

@@ -163,6 +163,8 @@ class PlanExecutor:
         self.topology: Topology = topology(plan, {r.name: r.kind for r in self.graph.roles})
         self.recorder = recorder or SpanRecorder()
         self.worker_spans: list[Span] = []
+        self.side_spans: list[Span] = []
+        """Spans of plans run beside the iterations (:meth:`run_plan`: validation)."""
         self.iteration = 0
         self._ahead: Stream | None = None
 
@@ -212,6 +214,31 @@ class PlanExecutor:
         if next_inputs is not None:
             self._check_inputs(next_inputs)
         return run_overlapped(self, inputs, next_inputs)
+
+    def run_plan(self, plan: ExecutionPlan, inputs: Mapping[str, Batch]) -> IterationResult:
+        """Run another plan on this executor's pools once (e.g. the validation plan of
+        :func:`hybridflow.compiler.validation.validation_plan`), without counting it as an iteration.
+
+        Its pools must be pools of this executor's plan (same names, same devices); its spans go to
+        :attr:`side_spans` (drawn in the trace, kept out of the iterations' timings).
+        """
+        mine = {p.name: p.devices for p in self.plan.pools}
+        foreign = [p.name for p in plan.pools if mine.get(p.name) != p.devices]
+        if foreign:
+            raise PlanError(f"plan {plan.graph.get('name', '?')!r} uses pools {foreign} that this executor does not run "
+                            f"(its pools: {', '.join(mine)}); derive it from the executor's plan")
+        saved_graph, saved_recorder = self.graph, self.recorder
+        self.graph = plan.graph_ir()
+        self.recorder = SpanRecorder()
+        self.recorder.origin = saved_recorder.origin
+        self._check_inputs(inputs)
+        try:
+            stream = Stream(list(plan.ops), IterationState(env=dict(inputs)), self.iteration)
+            self._drive([stream], stream)
+        finally:
+            self.side_spans.extend(self.recorder.spans)
+            self.graph, self.recorder = saved_graph, saved_recorder
+        return IterationResult(env=stream.state.env, metrics=stream.state.metrics)
 
     def _check_inputs(self, inputs: Mapping[str, Batch]) -> None:
         expected = {i.name for i in self.graph.inputs}
@@ -300,4 +327,4 @@ class PlanExecutor:
 
     def trace_spans(self) -> list[Span]:
         """Per-op spans (one track per pool and the controller) and per-worker spans (one track per slot)."""
-        return sorted([*self.recorder.spans, *self.worker_spans], key=lambda s: s.start)
+        return sorted([*self.recorder.spans, *self.worker_spans, *self.side_spans], key=lambda s: s.start)

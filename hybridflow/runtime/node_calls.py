@@ -76,7 +76,7 @@ def gather(node: Node, env: Mapping[str, Batch], *, sequence: bool = False) -> B
 def _generate_call(node: Node, env: Mapping[str, Batch]) -> WorkerCall:
     a = node.attrs
     overrides = {"n": a.n, "greedy": a.greedy or None, "max_new_tokens": a.max_new_tokens,
-                 "temperature": a.temperature, "top_p": a.top_p}
+                 "temperature": a.temperature, "top_p": a.top_p, "seed": a.seed}
     return WorkerCall("generate", node.role, gather(node, env), (overrides,))
 
 

@@ -78,6 +78,7 @@ class Trainer:
         self._saved_step = 0
         self._lock = RunLock(self.output_dir)
         self._ahead: tuple[list[dict], Any] | None = None
+        self._validation_plan = None
         """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
 
     # -- wiring ------------------------------------------------------------------------
@@ -363,20 +364,24 @@ class Trainer:
     # -- validation ----------------------------------------------------------------------------
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Greedy score (accuracy for 0/1 rewards) and mean@k on the validation prompts."""
+        """Greedy score (accuracy for 0/1 rewards) and mean@k on the validation prompts.
+
+        Runs the validation plan (:func:`hybridflow.compiler.validation.validation_plan`: the policy's greedy
+        and sampled generations, scored, on the training plan's pools, after a weight sync) through the executor.
+        """
+        from ..compiler.validation import validation_plan
         from ..data import make_prompt_batch
 
         cfg = self.config
+        if self._validation_plan is None:
+            self._validation_plan = validation_plan(self.plan, samples=cfg.val_samples, seed=cfg.seed + VAL_SEED_OFFSET)
         prompts = make_prompt_batch(self.val_rows, self.tokenizer, max_prompt_length=cfg.max_prompt_length,
                                     apply_chat_template=cfg.apply_chat_template)
-        rollout = self.rollout_engine(next(r.name for r in self.graph.roles if r.kind == "policy"))
-        reward = self.reward_source()
-        greedy = rollout.generate(prompts, rollout.sampling.model_copy(update={"greedy": True, "n": 1, "seed": None}))
-        sampled = rollout.generate(prompts, rollout.sampling.model_copy(
-            update={"n": cfg.val_samples, "seed": cfg.seed + VAL_SEED_OFFSET}))
+        env = self.executor.run_plan(self._validation_plan, {"prompts": prompts}).env
+        greedy, sampled = (n.name for n in self._validation_plan.graph_ir().nodes if n.kind == "score")
         # means in float64: 90 of 100 in float32 is 0.89999998, which a stop_at_val_score=0.9 would not reach
-        return {"val/score/greedy": float(reward.score(greedy).scores.double().mean()),
-                f"val/score/mean@{cfg.val_samples}": float(reward.score(sampled).scores.double().mean())}
+        return {"val/score/greedy": float(env[greedy]["scores"].double().mean()),
+                f"val/score/mean@{cfg.val_samples}": float(env[sampled]["scores"].double().mean())}
 
     def _validate_with_progress(self) -> dict[str, float]:
         if self.progress is not None:

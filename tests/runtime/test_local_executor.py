@@ -214,3 +214,32 @@ def test_unbound_and_oversized_plans_are_named_errors():
     with pytest.raises(BindError, match="cuda:1"):
         bind(compile(graph, machine.cluster(), {"actor": TINY, "reward": "rule"}, placement={"actor": "cuda:1"}, batch=BATCH),
              machine)
+
+
+def test_validation_runs_as_a_plan_on_the_training_pools():
+    from hybridflow.compiler.validation import validation_plan
+
+    graph = ALGORITHMS["ppo"].build()
+    plan = local_plan_for(graph, "actor+critic+ref@1;actor.generate@1", 2)
+    torch.manual_seed(0)  # the critic's value head is drawn from the global generator
+    executor = LocalExecutor(plan, _specs(graph, share=False, lr=0.05))
+    executor.run_iteration({"prompts": _prompts()})  # the update leaves the rollout pool's copy one update behind
+    val = validation_plan(plan, samples=3, seed=11)
+    assert [op.kind for op in val.ops][:1] == ["weight_sync"] and val.ops[0].target_pool == "pool1"
+    assert {op.pool for op in val.ops if op.kind == "node" and op.node.startswith("actor.")} == {"pool1"}
+    env = executor.run_plan(val, {"prompts": _prompts()}).env
+    greedy, sampled = env["actor.generate_greedy"], env["actor.generate"]
+    assert greedy["response_ids"].shape[0] == 4 and sampled["response_ids"].shape[0] == 12
+    # the sync before generating: the rollout copy now holds the trained weights
+    train = executor.workers["pool0"].engines["actor"].train.module.state_dict()
+    rollout = executor.workers["pool1"].engines["actor"].rollout.model.state_dict()
+    assert all(torch.equal(train[k], rollout[k]) for k in train)
+    assert env["reward.score"]["scores"].shape == (4,) and env["reward.score_2"]["scores"].shape == (12,)
+    assert executor.iteration == 1 and executor.side_spans and len(executor.recorder.spans) == len(plan.ops)
+    # the sampled stream is the node's own: the same seed gives the same samples from the same weights
+    again = executor.run_plan(val, {"prompts": _prompts()}).env["actor.generate"]["response_ids"]
+    torch.manual_seed(0)
+    fresh = LocalExecutor(plan, _specs(graph, share=False, lr=0.05))
+    fresh.run_iteration({"prompts": _prompts()})
+    first = fresh.run_plan(val, {"prompts": _prompts()}).env["actor.generate"]["response_ids"]
+    assert torch.equal(first, sampled["response_ids"]) and not torch.equal(again, sampled["response_ids"])

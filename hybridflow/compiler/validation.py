@@ -1,0 +1,93 @@
+"""The validation plan: greedy and sampled generations of the policy, scored, on the training plan's pools.
+
+Validation is work like any other, so it runs as a plan through the same
+interpreter as training (not as calls into remote engines):
+
+* :func:`validation_graph` — ``policy.generate(prompts, greedy=True)`` and
+  ``policy.generate(prompts, n=samples, seed=seed)``, each scored by the reward
+  role (the sampled generation has a stream of its own, so validating never
+  moves training's sampler);
+* :func:`validation_plan` — that graph on the training plan's pools: the
+  policy's generations where the training plan generates (its rollout pool, or
+  its own pool), the scores on the reward's pool, after the training plan's
+  weight sync of the policy, so the rollout engine samples with the weights of
+  the last update (a rollout engine with a copy of the weights — a pool of
+  several devices, or a rollout pool — holds the weights of the last
+  generation otherwise).
+
+The plan is bound to the training plan's machine and verified like any other.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+from ..errors import PlanError
+from ..graph import Graph
+from ..graph.errors import UnusedValueWarning
+from ..graph.serialize import graph_to_dict
+from .plan import ExecutionPlan, PlanOp, verify_plan
+
+__all__ = ["validation_graph", "validation_plan"]
+
+
+def validation_graph(policy: str = "actor", reward: str = "reward", *, samples: int = 4, seed: int | None = None) -> Graph:
+    """The graph of one validation: greedy and ``samples`` sampled responses per prompt, each scored."""
+    import hybridflow as hf
+
+    def validate(prompts, actor, scorer, *, samples, seed):
+        greedy = actor.generate(prompts, greedy=True)
+        scorer.score(greedy)
+        sampled = actor.generate(prompts, n=samples, seed=seed)
+        scorer.score(sampled)
+
+    parameter = inspect.Parameter
+    validate.__signature__ = inspect.Signature([
+        parameter("prompts", parameter.POSITIONAL_OR_KEYWORD), parameter(policy, parameter.POSITIONAL_OR_KEYWORD),
+        parameter(reward, parameter.POSITIONAL_OR_KEYWORD), parameter("samples", parameter.KEYWORD_ONLY, default=4),
+        parameter("seed", parameter.KEYWORD_ONLY, default=None)])
+    algorithm = hf.algorithm(validate, name="validation", roles={policy: "policy", reward: "reward"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedValueWarning)  # the scores are the result: read by the trainer
+        return algorithm.build(samples=samples, seed=seed)
+
+
+def validation_plan(plan: ExecutionPlan, *, samples: int = 4, seed: int | None = None) -> ExecutionPlan:
+    """The validation graph of ``plan``'s policy and reward, placed and ordered on ``plan``'s pools (module docstring)."""
+    train = plan.graph_ir()
+    policies = [r.name for r in train.roles if r.kind == "policy"]
+    rewards = [r.name for r in train.roles if r.kind == "reward"]
+    if not policies or not rewards:
+        raise PlanError(f"graph {train.name!r} has no policy and reward role to validate with")
+    policy, reward = policies[0], rewards[0]
+    graph = validation_graph(policy, reward, samples=samples, seed=seed)
+    gen = plan.placement(policy)
+    score = plan.placement(reward)
+    sync = next((op for op in plan.ops if op.kind == "weight_sync" and op.role == policy), None)
+    ops: list[PlanOp] = []
+    # a policy the training plan offloads between uses is onloaded for validation and offloaded after it
+    offloaded = [op for op in plan.ops if op.kind == "offload" and op.role == policy]
+    items = tuple(dict.fromkeys(item for op in offloaded for item in op.items))
+    if offloaded:
+        ops.append(PlanOp(name=f"{policy}.onload", kind="onload", role=policy, pool=offloaded[0].pool, items=items))
+    if sync is not None:
+        ops.append(sync.model_copy(update={"deps": tuple(op.name for op in ops), "iteration_offset": 0}))
+    after_sync = tuple(op.name for op in ops)
+    for node in graph.nodes:
+        deps = tuple(s for s in node.sources if s not in {i.name for i in graph.inputs})
+        if node.kind == "generate":
+            ops.append(PlanOp(name=node.name, kind="node", role=policy, pool=gen.generation_pool or gen.pool,
+                              node=node.name, deps=after_sync + deps))
+        else:
+            ops.append(PlanOp(name=node.name, kind="node", role=reward, pool=score.pool, node=node.name, deps=deps))
+    if offloaded:
+        ops.append(PlanOp(name=f"{policy}.offload", kind="offload", role=policy, pool=offloaded[0].pool, items=items,
+                          deps=tuple(op.name for op in ops if op.role == policy)))
+    used = {policy, reward}
+    pools = {op.pool for op in ops} | {op.target_pool for op in ops if op.target_pool} | {gen.pool}
+    val = plan.model_copy(update={
+        "graph": graph_to_dict(graph), "strategy": plan.strategy, "staleness": 0, "predicted_iteration_s": None,
+        "pools": tuple(p for p in plan.pools if p.name in pools),
+        "placements": tuple(p for p in plan.placements if p.role in used), "ops": tuple(ops)})
+    verify_plan(val, after="validation_plan")
+    return val
