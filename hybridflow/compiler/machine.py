@@ -126,7 +126,8 @@ def local_machine(cpu_slots: int | None = None, *, where: Literal["local", "ray"
 
 
 def ray_machine(cpu_slots: int | None = None) -> Machine:
-    """The connected Ray cluster: its GPUs (per node of the first GPU node), else ``cpu_slots`` CPU slots."""
+    """The connected Ray cluster: its GPUs (per node of the GPU nodes), else ``cpu_slots`` CPU slots (default: up to
+    4) sharing its CPUs but one."""
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -134,8 +135,9 @@ def ray_machine(cpu_slots: int | None = None) -> Machine:
     if gpu_nodes:
         return Machine("cuda", min(gpu_nodes), nodes=len(gpu_nodes), where="ray")
     cpus = int(ray.cluster_resources().get("CPU", 1))
-    slots = cpu_slots or max(1, min(4, cpus))
-    return Machine("cpu", slots, threads_per_slot=max(1, cpus // slots), where="ray")
+    slots = cpu_slots or max(1, min(4, cpus - 1))
+    # one CPU is left for the host pools of rule rewards and costs (half a CPU each)
+    return Machine("cpu", slots, threads_per_slot=max(1, (cpus - 1) // slots), where="ray")
 
 
 def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:

@@ -159,7 +159,7 @@ def run_cluster(trainer: "Trainer", machine: Machine) -> ClusterSpec:
     with torch.random.fork_rng(devices=[]):  # profiling builds models: the run's random stream must not move
         threads = torch.get_num_threads()
         try:
-            return calibrate(cluster, folders, device=device, threads=machine.threads_per_slot,
+            return calibrate(cluster, folders, device=device, threads=cfg.num_threads or machine.threads_per_slot,
                              options=cost_options(trainer))
         finally:
             torch.set_num_threads(threads)
