@@ -88,6 +88,7 @@ class CostOptions(BaseModel):
     data_parallel_only: bool = Field(default=False, description="The engines that will run the plan shard models by data parallelism only (FSDP2, as hybridflow's runtime does today): layouts with tensor or pipeline parallelism are not candidates. Off for studies of the paper's systems.")
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
     shared_prefill: bool = Field(default=False, description="The rollout engine prefills each prompt once and copies its KV cache to the prompt's n samples (hybridflow's HF engine does); False: every sequence is prefilled.")
+    overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 
 @dataclass(frozen=True)
@@ -303,20 +304,20 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
 
 
 def _zero3_update_dp(m: ModelSpec, l: Layout, compute: float, micro_batches: int, flops_per_token: float,
-                     c: ClusterSpec) -> tuple[float, float]:
+                     c: ClusterSpec, o: CostOptions) -> tuple[float, float]:
     """fsdp, per optimizer step: (overlapped, exposed) = (3 collectives per micro-batch, 0)."""
     return micro_batches * _zero3_time(m, l, 3, c), 0.0
 
 
 def _distributed_optimizer_dp(m: ModelSpec, l: Layout, compute: float, micro_batches: int, flops_per_token: float,
-                              c: ClusterSpec) -> tuple[float, float]:
+                              c: ClusterSpec, o: CostOptions) -> tuple[float, float]:
     """megatron, per optimizer step: (0, exposed), exposed = max(0, T_rs − T_backward_last) + T_ag.
 
     T_rs: ring reduce-scatter of the fp32 gradient buffer (4·P/mp bytes) over
     the dp ranks (stride t·p); T_ag: ring all-gather of the bf16 weights
     (2·P/mp bytes); T_backward_last: the backward (with its recomputed
     forward) of the last micro-batch, (flops_per_token − 2·N)/flops_per_token
-    of that micro-batch's compute.
+    of that micro-batch's compute, 0 without ``o.overlap_grad_reduce``.
     """
     if l.dp == 1:
         return 0.0, 0.0
@@ -325,6 +326,8 @@ def _distributed_optimizer_dp(m: ModelSpec, l: Layout, compute: float, micro_bat
     reduce_scatter = all_gather_time(4 * shard, l.dp, span, c)
     all_gather = all_gather_time(mem.PARAM_BYTES * shard, l.dp, span, c)
     last_backward = compute / micro_batches * (flops_per_token - 2 * m.flop_params) / flops_per_token
+    if not o.overlap_grad_reduce:
+        last_backward = 0.0
     return 0.0, max(0.0, reduce_scatter - last_backward) + all_gather
 
 
@@ -353,7 +356,7 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     rule = _DP_RULES.get(w.engine)
     if rule is None:
         raise PlanError(f"update of {m.name}: unknown training engine {w.engine!r}; known: {', '.join(_DP_RULES)}")
-    overlapped, exposed = rule(m, l, compute, micro_batches, flops_per_token, c)
+    overlapped, exposed = rule(m, l, compute, micro_batches, flops_per_token, c, o)
     dp = overlapped + exposed
     adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
     overhead = micro_batches * c.train_micro_batch_overhead_s + c.optimizer_step_overhead_s
