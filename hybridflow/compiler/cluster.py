@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 
-__all__ = ["ClusterSpec", "CLUSTER_PRESETS", "detect_local_cpu"]
+__all__ = ["ClusterSpec", "CLUSTER_PRESETS", "NetworkPreset", "NETWORK_PRESETS", "detect_local_cpu"]
 
 GIB = 1024**3
 GB = 1e9
@@ -109,6 +109,13 @@ class ClusterSpec(BaseModel):
         """The same hardware with a different number of nodes."""
         return self.model_copy(update={"nodes": nodes})
 
+    def with_network(self, name: str) -> "ClusterSpec":
+        """The same nodes joined by the :data:`NETWORK_PRESETS` network ``name`` (``default`` keeps the preset's own)."""
+        if name not in NETWORK_PRESETS:
+            raise ConfigError(f"unknown network preset {name!r}; known: {', '.join(NETWORK_PRESETS)}")
+        bandwidth = NETWORK_PRESETS[name].inter_node_bandwidth
+        return self if bandwidth is None else self.model_copy(update={"inter_node_bandwidth": bandwidth})
+
     # ----------------------------------------------------------------- presets
     @classmethod
     def preset(cls, name: str, nodes: int = 1, **overrides: float) -> "ClusterSpec":
@@ -156,6 +163,26 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
         peak_flops=989e12, memory_bandwidth=4.8e12, intra_node_bandwidth=450 * GB,
         inter_node_bandwidth=8 * 50 * GB, host_bandwidth=64 * GB),
 }
+
+
+class NetworkPreset(BaseModel):
+    """A network between nodes, with the source of its figure."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    inter_node_bandwidth: float | None = Field(description="Per-node, per-direction bandwidth to other nodes, bytes/s; None keeps the node preset's own.")
+    source: str = Field(description="Where the figure comes from.")
+
+
+NETWORK_PRESETS: dict[str, NetworkPreset] = {
+    "default": NetworkPreset(
+        inter_node_bandwidth=None,
+        source="the node preset's own adapters (DGX user guides: eight single-port InfiniBand adapters per node)"),
+    "paper": NetworkPreset(
+        inter_node_bandwidth=200e9 / 8,
+        source="HybridFlow §8.1: the machines are connected by 200 Gb/s, i.e. 25 GB/s per node and direction"),
+}
+"""Named inter-node networks; ``default`` is what every cluster preset has unless told otherwise."""
 
 
 def _total_memory_bytes() -> float:

@@ -23,10 +23,20 @@ bf16 FLOP/s; every rate is scaled by the cluster's efficiency factors):
   Adam step, memory-bound over ``30`` bytes/param of its shard.
 - tensor parallelism (Shoeybi et al. 2019, §3): 2 all-reduces of ``tokens·h·2``
   bytes per layer per forward, 2 per backward (and 2 per recomputed forward).
-- ZeRO-3 / FSDP (Rajbhandari et al. 2020; Zhao et al. 2023): per micro-batch an
-  all-gather of the bf16 shard for the forward, another for the backward, and
-  a reduce-scatter of the gradients; prefetching overlaps them with compute,
-  so a step costs ``max(compute, dp comm)``.
+- data parallelism depends on the training engine (a work record's
+  ``engine``; :mod:`hybridflow.compiler.engine` derives both rules):
+  ``fsdp`` (ZeRO-3 / FSDP; Rajbhandari et al. 2020; Zhao et al. 2023): per
+  micro-batch an all-gather of the bf16 shard for the forward, another for the
+  backward, and a reduce-scatter of the gradients; prefetching overlaps them
+  with compute, so a step costs ``max(compute, dp comm)``, and a trainable
+  model's forward-only pass gathers once per micro-batch.
+  ``megatron`` (distributed optimizer): per optimizer step a reduce-scatter of
+  the fp32 gradients (``4·P/mp``-byte buffer) and an all-gather of the bf16
+  weights (``2·P/mp``), over the dp ranks; only the reduce-scatter overlaps,
+  with the last micro-batch's backward (``6/8`` of its FLOPs with
+  recomputation, ``4/6`` without), so a step adds
+  ``max(0, T_rs − T_backward_last) + T_ag``; forward-only passes communicate
+  nothing over dp.
 - pipeline parallelism: bubble ``(p−1)/m`` of the compute for ``m``
   micro-batches (Narayanan et al. 2021, §2.2), plus sending activations between
   stages.
@@ -56,7 +66,8 @@ from .cluster import ClusterSpec
 from .comm import all_gather_time, all_reduce_time, span_of_group
 from .layout import Layout
 from .models import ModelSpec
-from .reshard import hybrid_engine_figures
+from .engine import DEFAULT_ENGINE, shards_weights_over_dp
+from .reshard import transition_figures
 
 __all__ = [
     "CostOptions", "CostRecord", "Generate", "Infer", "Score", "Compute", "Update",
@@ -77,6 +88,7 @@ class CostOptions(BaseModel):
     data_parallel_only: bool = Field(default=False, description="The engines that will run the plan shard models by data parallelism only (FSDP2, as hybridflow's runtime does today): layouts with tensor or pipeline parallelism are not candidates. Off for studies of the paper's systems.")
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
     shared_prefill: bool = Field(default=False, description="The rollout engine prefills each prompt once and copies its KV cache to the prompt's n samples (hybridflow's HF engine does); False: every sequence is prefilled.")
+    overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,10 @@ class Generate:
 
 @dataclass(frozen=True)
 class Infer:
-    """``passes`` forward passes over ``sequences`` sequences of ``seq_len`` tokens (log-probs or values)."""
+    """``passes`` forward passes over ``sequences`` sequences of ``seq_len`` tokens (log-probs or values).
+
+    ``engine``: the training engine holding a trainable model's states (``fsdp`` or ``megatron``).
+    """
 
     kind: ClassVar[str] = "infer"
     model: ModelSpec
@@ -131,6 +146,7 @@ class Infer:
     sequences: int
     seq_len: int
     passes: int = 1
+    engine: str = DEFAULT_ENGINE
 
 
 @dataclass(frozen=True)
@@ -150,7 +166,7 @@ class Compute:
 
 @dataclass(frozen=True)
 class Update:
-    """``epochs`` passes of ``mini_batches`` optimizer steps each over ``sequences`` sequences of ``seq_len`` tokens."""
+    """``epochs`` passes of ``mini_batches`` optimizer steps each over ``sequences`` sequences of ``seq_len`` tokens, by ``engine``."""
 
     kind: ClassVar[str] = "update"
     model: ModelSpec
@@ -159,16 +175,18 @@ class Update:
     seq_len: int
     epochs: int = 1
     mini_batches: int = 1
+    engine: str = DEFAULT_ENGINE
 
 
 @dataclass(frozen=True)
 class WeightSync:
-    """The hybrid-engine transition of the actor from ``train`` to ``gen`` layout on one pool (ZeRO-3 training)."""
+    """The hybrid-engine transition of the actor from ``train`` to ``gen`` layout on one pool, trained by ``engine``."""
 
     kind: ClassVar[str] = "weight_sync"
     model: ModelSpec
     train: Layout
     gen: Layout
+    engine: str = DEFAULT_ENGINE
 
 
 @dataclass(frozen=True)
@@ -275,18 +293,53 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     compute = 2 * m.flop_params * seqs * w.seq_len / (l.model_parallel * c.peak_flops * c.mfu_infer)
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 2, 1, c)
-    dp = micro_batches * _zero3_time(m, l, 1, c) if w.trainable else 0.0
+    dp = micro_batches * _zero3_time(m, l, 1, c) if w.trainable and shards_weights_over_dp(w.engine) else 0.0
     overhead = micro_batches * c.forward_overhead_s
     once = max(compute, dp) + bubble + tp + pp + overhead
-    peak = (mem.resident_bytes(m, l, w.trainable) + mem.gathered_param_bytes(m, l, w.trainable)
+    peak = (mem.resident_bytes(m, l, w.trainable, w.engine) + mem.gathered_param_bytes(m, l, w.trainable, w.engine)
             + mem.forward_activation_bytes(m, l, w.seq_len, micro))
     return CostRecord(w.kind, w.passes * once, peak,
                       (("compute", w.passes * compute), ("dp_comm", w.passes * dp), ("bubble", w.passes * bubble),
                        ("tp_comm", w.passes * tp), ("pp_comm", w.passes * pp), ("overhead", w.passes * overhead)))
 
 
+def _zero3_update_dp(m: ModelSpec, l: Layout, compute: float, micro_batches: int, flops_per_token: float,
+                     c: ClusterSpec, o: CostOptions) -> tuple[float, float]:
+    """fsdp, per optimizer step: (overlapped, exposed) = (3 collectives per micro-batch, 0)."""
+    return micro_batches * _zero3_time(m, l, 3, c), 0.0
+
+
+def _distributed_optimizer_dp(m: ModelSpec, l: Layout, compute: float, micro_batches: int, flops_per_token: float,
+                              c: ClusterSpec, o: CostOptions) -> tuple[float, float]:
+    """megatron, per optimizer step: (0, exposed), exposed = max(0, T_rs − T_backward_last) + T_ag.
+
+    T_rs: ring reduce-scatter of the fp32 gradient buffer (4·P/mp bytes) over
+    the dp ranks (stride t·p); T_ag: ring all-gather of the bf16 weights
+    (2·P/mp bytes); T_backward_last: the backward (with its recomputed
+    forward) of the last micro-batch, (flops_per_token − 2·N)/flops_per_token
+    of that micro-batch's compute, 0 without ``o.overlap_grad_reduce``.
+    """
+    if l.dp == 1:
+        return 0.0, 0.0
+    span = span_of_group(l.dp, l.model_parallel)
+    shard = m.params / l.model_parallel
+    reduce_scatter = all_gather_time(4 * shard, l.dp, span, c)
+    all_gather = all_gather_time(mem.PARAM_BYTES * shard, l.dp, span, c)
+    last_backward = compute / micro_batches * (flops_per_token - 2 * m.flop_params) / flops_per_token
+    if not o.overlap_grad_reduce:
+        last_backward = 0.0
+    return 0.0, max(0.0, reduce_scatter - last_backward) + all_gather
+
+
+_DP_RULES: dict[str, Callable[..., tuple[float, float]]] = {
+    "fsdp": _zero3_update_dp,
+    "megatron": _distributed_optimizer_dp,
+}
+"""Data-parallel communication of one optimizer step per training engine: (time overlapped with compute, time exposed)."""
+
+
 def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
-    """Training steps: max((6|8)·N·tokens/(t·p·peak·mfu_train), ZeRO-3 comm) + bubble + TP/PP comm + Adam step + overheads.
+    """Training steps: max((6|8)·N·tokens/(t·p·peak·mfu_train), overlapped dp comm) + exposed dp comm + bubble + TP/PP comm + Adam step + overheads.
 
     Overheads per optimizer step: micro-batches x ``train_micro_batch_overhead_s``
     + ``optimizer_step_overhead_s``.
@@ -300,11 +353,15 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     compute = flops_per_token * seqs * w.seq_len / (l.model_parallel * c.peak_flops * c.mfu_train)
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
-    dp = micro_batches * _zero3_time(m, l, 3, c)
+    rule = _DP_RULES.get(w.engine)
+    if rule is None:
+        raise PlanError(f"update of {m.name}: unknown training engine {w.engine!r}; known: {', '.join(_DP_RULES)}")
+    overlapped, exposed = rule(m, l, compute, micro_batches, flops_per_token, c, o)
+    dp = overlapped + exposed
     adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
     overhead = micro_batches * c.train_micro_batch_overhead_s + c.optimizer_step_overhead_s
-    step = max(compute, dp) + bubble + tp + pp + adam + overhead
-    peak = (mem.resident_bytes(m, l, True) + mem.gathered_param_bytes(m, l, True)
+    step = max(compute, overlapped) + exposed + bubble + tp + pp + adam + overhead
+    peak = (mem.resident_bytes(m, l, True, w.engine) + mem.gathered_param_bytes(m, l, True, w.engine)
             + mem.train_activation_bytes(m, l, w.seq_len, micro, micro_batches, o.activation_checkpointing))
     return CostRecord("update", steps * step, peak,
                       (("compute", steps * compute), ("dp_comm", steps * dp), ("bubble", steps * bubble),
@@ -318,19 +375,23 @@ def compute_cost(w: Compute, c: ClusterSpec, o: CostOptions) -> CostRecord:
 
 
 def weight_sync_cost(w: WeightSync, c: ClusterSpec, o: CostOptions) -> CostRecord:
-    """Hybrid-engine all-gather within micro-DP groups: (M/(tg·pg) − M/n) bytes per rank, peak M/(tg·pg).
+    """Hybrid-engine all-gather within micro-DP groups, peak M/(tg·pg) (:func:`~.reshard.transition_figures`).
 
-    The micro-DP groups are strided so that the generation TP groups stay
-    inside a node; they cross nodes whenever the pool does.
+    fsdp: (M/(tg·pg) − M/(t·p·d)) bytes per rank; the micro-DP groups are
+    strided so that the generation TP groups stay inside a node, so they cross
+    nodes whenever the pool does. megatron: (M/(tg·pg) − M/(t·p)) bytes per
+    rank, within one replica's t·p model-parallel ranks (HybridFlow §5), so
+    they cross nodes only when t·p does.
     """
     model_bytes = mem.PARAM_BYTES * w.model.params
     try:
-        figures = hybrid_engine_figures(model_bytes, w.train, w.gen, sharded_over_dp=True)
+        figures = transition_figures(model_bytes, w.train, w.gen, w.engine)
     except PlanError as err:
         return _infeasible("weight_sync", str(err))
     if figures.comm_volume_bytes <= 0:
         return CostRecord("weight_sync", 0.0, figures.peak_memory_bytes)
-    time = c.collective_latency_s + figures.comm_volume_bytes / c.link_bandwidth(w.train.size)
+    span = w.train.size if shards_weights_over_dp(w.engine) else w.train.model_parallel
+    time = c.collective_latency_s + figures.comm_volume_bytes / c.link_bandwidth(span)
     return CostRecord("weight_sync", time, figures.peak_memory_bytes, (("all_gather", time),))
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import ConfigError
+from .engine import DEFAULT_ENGINE, shards_weights_over_dp
 from .models import ModelSpec
 
 __all__ = ["Layout", "layout_problem", "valid_layouts", "generation_layouts", "divisors"]
@@ -87,19 +88,20 @@ def valid_layouts(model: ModelSpec, devices: int, devices_per_node: int) -> tupl
 
 
 @lru_cache(maxsize=4096)
-def generation_layouts(model: ModelSpec, train: Layout, devices_per_node: int) -> tuple[Layout, ...]:
+def generation_layouts(model: ModelSpec, train: Layout, devices_per_node: int, engine: str = DEFAULT_ENGINE) -> tuple[Layout, ...]:
     """Generation layouts ``(dg, tg, pg)`` on the training pool that the hybrid engine can reach without redundancy.
 
-    The training weights are sharded over a ``pp x (tp·dp)`` grid (ZeRO-3 splits
-    each tensor-parallel shard further over the dp ranks); a generation shard
-    must be a union of training shards, so ``pg | pp`` and ``tg | tp·dp``
-    (HybridFlow §5 requires ``tg | t`` and ``pg | p`` for Megatron's replicated
-    weights; sharding over dp relaxes ``tg`` to divide ``t·d``). ``dg`` fills the
-    pool: ``dg = size / (tg·pg)``.
+    A generation shard must be a union of training shards, so ``pg | pp`` and
+    ``tg`` divides the number of column pieces: ``tp·dp`` for the ``fsdp``
+    engine (ZeRO-3 splits each tensor-parallel shard further over the dp
+    ranks), ``tp`` for ``megatron`` (weights replicated over dp; HybridFlow §5
+    requires ``tg | t`` and ``pg | p``). ``dg`` fills the pool:
+    ``dg = size / (tg·pg)``.
     """
+    columns = train.tp * train.dp if shards_weights_over_dp(engine) else train.tp
     found = []
     for pg in divisors(train.pp):
-        for tg in divisors(train.tp * train.dp):
+        for tg in divisors(columns):
             if (train.size // pg) % tg:
                 continue
             layout = Layout(train.size // (tg * pg), tg, pg)

@@ -7,6 +7,14 @@ sharded over all ``dp·tp·pp`` ranks of its pool (ZeRO-3 / FSDP over dp, Megatr
 tensor and pipeline splits over tp·pp). A frozen model keeps **2 bytes/param**
 (bf16), split over ``tp·pp`` and replicated over dp.
 
+That is the ``fsdp`` engine. The ``megatron`` engine (Megatron-core with the
+distributed optimizer; :mod:`hybridflow.compiler.engine`) replicates the bf16
+weight and the fp32 gradient buffer over dp and shards only the 12 optimizer
+bytes: **6·P/(tp·pp) + 12·P/(dp·tp·pp)** bytes per device (Megatron-LM's
+"Distributed Optimizer" table: 6 + 12/d bytes per parameter of a
+model-parallel rank for bf16 weights and fp32 gradients), and needs no
+gathered-weight buffer.
+
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", §4.1, eq. 2): one transformer layer with tp-way
 tensor parallelism stores ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes for a
@@ -24,12 +32,13 @@ replicated when tg exceeds them) and ``pg`` pipeline stages.
 """
 from __future__ import annotations
 
+from .engine import DEFAULT_ENGINE, shards_weights_over_dp
 from .layout import Layout
 from .models import ModelSpec
 
 __all__ = [
     "TRAINABLE_BYTES_PER_PARAM", "FROZEN_BYTES_PER_PARAM", "OPTIMIZER_STEP_BYTES_PER_PARAM",
-    "resident_bytes", "gathered_param_bytes", "layer_activation_bytes", "logits_bytes",
+    "MEGATRON_REPLICATED_BYTES_PER_PARAM", "OPTIMIZER_BYTES_PER_PARAM", "resident_bytes", "gathered_param_bytes", "layer_activation_bytes", "logits_bytes",
     "train_activation_bytes", "forward_activation_bytes", "kv_bytes_per_sequence", "generation_weight_bytes",
 ]
 
@@ -41,21 +50,32 @@ OPTIMIZER_STEP_BYTES_PER_PARAM = 30
 """Adam step traffic: reads fp32 gradient, master, m, v (16 B), writes master, m, v (12 B) and the bf16 weight (2 B)."""
 PARAM_BYTES = 2
 """bf16."""
+OPTIMIZER_BYTES_PER_PARAM = 12
+"""fp32 master weight, Adam m and v: the part the megatron engine's distributed optimizer shards over dp."""
+MEGATRON_REPLICATED_BYTES_PER_PARAM = TRAINABLE_BYTES_PER_PARAM - OPTIMIZER_BYTES_PER_PARAM
+"""bf16 weight 2 + fp32 gradient buffer 4: replicated over dp by the megatron engine."""
 
 
-def resident_bytes(model: ModelSpec, layout: Layout, trainable: bool) -> float:
-    """Model-state bytes each device keeps between uses: 18·N/(dp·tp·pp) trainable, 2·N/(tp·pp) frozen."""
-    if trainable:
+def resident_bytes(model: ModelSpec, layout: Layout, trainable: bool, engine: str = DEFAULT_ENGINE) -> float:
+    """Model-state bytes each device keeps between uses.
+
+    Trainable: 18·P/(dp·tp·pp) (fsdp) or 6·P/(tp·pp) + 12·P/(dp·tp·pp)
+    (megatron); frozen: 2·P/(tp·pp) in both.
+    """
+    if not trainable:
+        return FROZEN_BYTES_PER_PARAM * model.params / layout.model_parallel
+    if shards_weights_over_dp(engine):
         return TRAINABLE_BYTES_PER_PARAM * model.params / layout.size
-    return FROZEN_BYTES_PER_PARAM * model.params / layout.model_parallel
+    return (MEGATRON_REPLICATED_BYTES_PER_PARAM * model.params / layout.model_parallel
+            + OPTIMIZER_BYTES_PER_PARAM * model.params / layout.size)
 
 
-def gathered_param_bytes(model: ModelSpec, layout: Layout, trainable: bool) -> float:
+def gathered_param_bytes(model: ModelSpec, layout: Layout, trainable: bool, engine: str = DEFAULT_ENGINE) -> float:
     """ZeRO-3 working buffer: two layers' bf16 weights unsharded over dp (the current one and the prefetched next).
 
-    0 when nothing is sharded over dp (frozen models or dp = 1).
+    0 when nothing is sharded over dp (frozen models, dp = 1, or the megatron engine).
     """
-    if not trainable or layout.dp == 1:
+    if not trainable or layout.dp == 1 or not shards_weights_over_dp(engine):
         return 0.0
     return 2 * PARAM_BYTES * model.layer_params / layout.tp
 

@@ -22,6 +22,13 @@ Per rank (table 2, "HybridFlow"): it receives ``M/(tg·pg) − M/(p·C)`` bytes,
 which for ``C = t`` is ``(t·p − tg·pg)/(tg·pg·t·p) · M``; peak memory ``M/(tg·pg)``;
 redundancy 0. :func:`table2` also gives the paper's comparison rows.
 
+Which formula holds depends on the training engine
+(:func:`transition_figures`): the ``megatron`` engine replicates weights over
+dp, ``C = t``, which is the paper's formula; the ``fsdp`` engine (ZeRO-3)
+shards them over dp as well, ``C = t·d``, so each rank receives
+``M/(tg·pg) − M/(t·p·d)`` — the paper's value plus ``(d − 1)/(t·p·d)·M``,
+equal to it only when ``d = 1``.
+
 Across pools — the trainer gathers its weights bucket by bucket and rank 0
 broadcasts each bucket along a chain of the rollout ranks (OpenRLHF-style
 ``broadcast`` weight update): every rollout rank receives ``M`` and keeps its
@@ -35,11 +42,12 @@ from dataclasses import dataclass
 from ..errors import PlanError
 from .cluster import ClusterSpec
 from .comm import all_gather_volume, broadcast_time
+from .engine import shards_weights_over_dp
 from .layout import Layout
 
 __all__ = [
     "HybridEngineGroups", "ReshardFigures", "BroadcastSync",
-    "hybrid_engine_groups", "hybrid_engine_figures", "table2", "cross_pool_sync", "train_coords",
+    "hybrid_engine_groups", "hybrid_engine_figures", "transition_figures", "table2", "cross_pool_sync", "train_coords",
 ]
 
 
@@ -141,23 +149,37 @@ def hybrid_engine_figures(model_bytes: float, train: Layout, gen: Layout, sharde
     return ReshardFigures(comm_volume_bytes=shard - piece, peak_memory_bytes=shard, redundant_bytes=0.0)
 
 
-def table2(model_bytes: float, train: Layout, gen: Layout) -> dict[str, ReshardFigures]:
-    """The rows of HybridFlow's table 2 (weights replicated over dp; ``tp`` there is t·p here).
+def transition_figures(model_bytes: float, train: Layout, gen: Layout, engine: str) -> ReshardFigures:
+    """The hybrid-engine transition of a model trained by ``engine``.
 
-    - ``openrlhf``: generation on separate devices; each rollout rank receives
-      the whole model M, holds M, and the training copy is a redundant M.
-    - ``ds-chat`` / ``hybridflow-v``: all-gather the whole training model-parallel
-      group ((t·p − 1)/(t·p)·M received, peak M), then keep the generation shard;
-      the training shard M/(t·p) stays beside it (redundant).
-    - ``hybridflow``: micro-DP all-gather, (t·p − tg·pg)/(tg·pg·t·p)·M, peak M/(tg·pg), redundancy 0.
+    ``megatron``: HybridFlow's table 2, ``M/(tg·pg) − M/(t·p)`` per rank.
+    ``fsdp``: ``M/(tg·pg) − M/(t·p·d)`` (pieces are also split over dp).
     """
-    mp, gp = train.model_parallel, gen.model_parallel
-    naive = ReshardFigures((mp - 1) / mp * model_bytes, model_bytes, model_bytes / mp)
+    return hybrid_engine_figures(model_bytes, train, gen, sharded_over_dp=shards_weights_over_dp(engine))
+
+
+def table2(model_bytes: float, train: Layout, gen: Layout) -> dict[str, ReshardFigures]:
+    """The columns of HybridFlow's table 2 (Sheng et al. 2025, §5), training on ``(p, t, d)``, generating on ``(pg, tg, dg)``.
+
+    Weights are replicated over d, as in the paper; each row is
+    (bytes received per rank, peak weight bytes, redundant weight bytes).
+
+    - ``openrlhf``: generation on separate devices; each rollout rank
+      receives the whole model: ``M``, ``M``, ``M``.
+    - ``ds-chat``: the whole training pool all-gathers the model:
+      ``(t·p·d − 1)/(t·p·d)·M``, ``M``, ``M/(t·p·d)``.
+    - ``hybridflow-v``: each training model-parallel group all-gathers it:
+      ``(t·p − 1)/(t·p)·M``, ``M``, ``M/(t·p)``.
+    - ``hybridflow``: micro-DP all-gather,
+      ``(t·p − tg·pg)/(tg·pg·t·p)·M``, ``M/(tg·pg)``, ``0``.
+    """
+    n, mp, gp = train.size, train.model_parallel, gen.model_parallel
+    m = model_bytes
     return {
-        "openrlhf": ReshardFigures(model_bytes, model_bytes, model_bytes),
-        "ds-chat": naive,
-        "hybridflow-v": naive,
-        "hybridflow": ReshardFigures((mp - gp) / (gp * mp) * model_bytes, model_bytes / gp, 0.0),
+        "openrlhf": ReshardFigures(m, m, m),
+        "ds-chat": ReshardFigures((n - 1) / n * m, m, m / n),
+        "hybridflow-v": ReshardFigures((mp - 1) / mp * m, m, m / mp),
+        "hybridflow": ReshardFigures((mp - gp) / (gp * mp) * m, m / gp, 0.0),
     }
 
 

@@ -5,6 +5,11 @@ prints the predicted iteration time of the fixed strategies (colocate, split,
 standalone) and of the automatic placement, and the automatic placement
 itself, as HybridFlow §8.3 compares them. The numbers are the placement
 search's simulated iteration (:mod:`hybridflow.compiler.placement.evaluate`).
+Each cell shows its winning fixed strategy and the runner-up's margin;
+``--compare paper`` adds the winner HybridFlow's Fig. 12 reports.
+``--engine`` picks the training engine(s) the roles may use, ``--workload``
+a batch preset (``paper``: §8.1 exactly), ``--network`` the links between
+nodes (``paper``: 200 Gb/s).
 
 Keep module-level imports light: this module is imported by ``hybridflow --help``.
 """
@@ -36,15 +41,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", default="16,32,64,96,128", help="cluster sizes in devices, comma-separated")
     parser.add_argument("--cluster", default="a100-80g", metavar="PRESET", help="node type: a100-80g, h100-80g, h200")
     parser.add_argument("--brief", action="store_true", help="only the table, not each automatic placement's layouts")
+    parser.add_argument("--engine", default="fsdp", metavar="ENGINE[,ENGINE]",
+                        help="training engine(s) of the trainable roles: fsdp (ZeRO-3, what hybridflow runs), megatron "
+                             "(Megatron-core 3D parallel, distributed optimizer; HybridFlow's), or fsdp,megatron to let the search choose")
+    parser.add_argument("--workload", default="default", metavar="PRESET",
+                        help="batch preset: default (1024 prompts, 1024+1024 tokens, 4 mini-batches) or paper (HybridFlow §8.1: "
+                             "8 update iterations per PPO epoch); --prompts etc. override it")
+    parser.add_argument("--network", default="default", metavar="PRESET",
+                        help="network between nodes: default (the node preset's adapters) or paper (HybridFlow §8.1: 200 Gb/s)")
+    parser.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
+                        help="megatron: the gradient reduce-scatter is not overlapped with the last micro-batch's backward")
+    parser.add_argument("--compare", default=None, metavar="STUDY",
+                        help="print beside each cell the winner a study reports: paper (HybridFlow §8.3, Fig. 12)")
     add_batch_arguments(parser)
+    parser.set_defaults(prompts=None, prompt_len=None, response_len=None, epochs=None, mini_batches=None)
+
+
+def _apply_workload_preset(args: argparse.Namespace) -> None:
+    """Fill the batch arguments left unset from the ``--workload`` preset."""
+    from .workload import workload_preset
+
+    preset = workload_preset(args.workload)
+    for arg, value in (("prompts", preset.prompts), ("prompt_len", preset.prompt_len), ("response_len", preset.response_len),
+                       ("epochs", preset.ppo_epochs), ("mini_batches", preset.mini_batches)):
+        if getattr(args, arg) is None:
+            setattr(args, arg, value)
 
 
 def run(args: argparse.Namespace) -> int:
     from .models import ModelSpec
     from .passes import lower_workload, resolve_models
     from .passes.lower import actor_role, parse_model
-    from .simulate import format_table, simulate_table
+    from .cost import CostOptions
+    from .engine import check_engines
+    from .simulate import agreement, format_table, simulate_table
 
+    _apply_workload_preset(args)
+    engines = check_engines((e.strip() for e in args.engine.split(",") if e.strip()), f"--engine {args.engine!r}")
     graph = load_graph(args.algorithm, args.overrides)
     overrides, batch = parse_models(args.models), batch_from_args(args)
     actor = actor_role(graph)
@@ -55,12 +88,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--model {actor}=... is given by --models for this command; list the actor models there")
 
     def workload(spec: ModelSpec):
-        return lower_workload(graph, resolve_models(graph, {**overrides, actor: spec}), batch)
+        return lower_workload(graph, resolve_models(graph, {**overrides, actor: spec}), batch).with_engines(engines)
 
-    rows = simulate_table(workload, models, _ints(args.gpus), args.cluster)
+    options = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
+    rows = simulate_table(workload, models, _ints(args.gpus), args.cluster, options, network=args.network)
     print(f"{graph.name}: {batch.prompts} prompts x {batch.prompt_len} + {batch.response_len} tokens per iteration, "
-          f"nodes of 8 {args.cluster}; predicted seconds per iteration (OOM: no placement fits; * offloads)")
-    print(format_table(rows))
+          f"{batch.epochs} epoch(s) of {batch.mini_batches} optimizer steps (workload {args.workload}), nodes of 8 {args.cluster}, "
+          f"network {args.network}, engine {','.join(engines)}; predicted seconds per iteration "
+          f"(OOM: no placement fits; * offloads; margin: runner-up fixed strategy's extra time)")
+    print(format_table(rows, compare=args.compare))
+    if args.compare:
+        agree, cells = agreement(rows, args.compare)
+        print(f"\nwinner agrees with {args.compare} in {agree} of {cells} cells it reports")
     if not args.brief:
         print("\nautomatic placements:")
         for row in rows:

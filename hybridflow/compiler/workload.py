@@ -19,9 +19,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
+from .engine import DEFAULT_ENGINE, check_engines
 from .models import ModelSpec
 
-__all__ = ["STAGES", "GenerationWork", "RoleWork", "Workload", "ppo_workload", "grpo_workload", "paper_workload"]
+__all__ = ["STAGES", "GenerationWork", "RoleWork", "Workload", "WorkloadPreset", "WORKLOAD_PRESETS", "workload_preset",
+           "ppo_workload", "grpo_workload", "paper_workload"]
 
 STAGES = ("generate", "infer", "train")
 """Stages of an iteration, in order; roles working in one stage on disjoint pools run concurrently."""
@@ -62,10 +64,17 @@ class RoleWork(BaseModel):
     score_passes: int = Field(default=0, ge=0, description="Reward-model scoring passes over the batch.")
     train_epochs: int = Field(default=0, ge=0, description="Epochs of updates over the batch (PPO epochs); 0 for frozen roles.")
     mini_batches: int = Field(default=1, ge=1, description="Optimizer steps per epoch (batch / mini-batch size).")
+    engines: tuple[str, ...] = Field(default=(DEFAULT_ENGINE,), description="Training engines the placement may choose for this role's model: 'fsdp' (ZeRO-3, what hybridflow's runtime runs) and/or 'megatron' (Megatron-core 3D parallelism with the distributed optimizer, HybridFlow's); see hybridflow.compiler.engine. A frozen model costs the same under both, so only the first is used for it.")
 
     def model_post_init(self, context: object) -> None:
         if self.train_epochs and not self.trainable:
             raise ConfigError(f"role {self.name!r}: train_epochs={self.train_epochs} but the role is not trainable; set trainable=True")
+        object.__setattr__(self, "engines", check_engines(self.engines, f"role {self.name!r}"))
+
+    @property
+    def search_engines(self) -> tuple[str, ...]:
+        """The engines worth trying: all of ``engines`` for a trainable role, the first for a frozen one."""
+        return self.engines if self.trainable else self.engines[:1]
 
 
 class Workload(BaseModel):
@@ -96,6 +105,10 @@ class Workload(BaseModel):
             if r.name == name:
                 return r
         raise ConfigError(f"workload has no role {name!r}; roles: {', '.join(self.role_names)}")
+
+    def with_engines(self, engines: tuple[str, ...]) -> "Workload":
+        """The same workload with every role's training engines set to ``engines``."""
+        return self.model_copy(update={"roles": tuple(RoleWork(**{**r.__dict__, "engines": engines}) for r in self.roles)})
 
 
 def _spec(model: ModelSpec | str) -> ModelSpec:
@@ -138,6 +151,42 @@ def grpo_workload(actor: ModelSpec | str, ref: ModelSpec | str | None = None, *,
         generation=GenerationWork(prompts=prompts, prompt_len=prompt_len, response_len=response_len, samples=samples))
 
 
-def paper_workload(model: ModelSpec | str) -> Workload:
-    """HybridFlow §8.1's PPO workload: four roles of ``model``, 1024 prompts of 1024 tokens, 1024-token responses."""
-    return ppo_workload(model, prompts=1024, prompt_len=1024, response_len=1024)
+class WorkloadPreset(BaseModel):
+    """A PPO batch shape with the source it is taken from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompts: int = Field(ge=1, description="Prompts per iteration.")
+    prompt_len: int = Field(ge=1, description="Tokens per prompt.")
+    response_len: int = Field(ge=1, description="Tokens per response.")
+    ppo_epochs: int = Field(default=1, ge=1, description="PPO epochs over the batch.")
+    mini_batches: int = Field(ge=1, description="Optimizer steps (update iterations) per PPO epoch.")
+    source: str = Field(description="Where these numbers come from.")
+
+
+WORKLOAD_PRESETS: dict[str, WorkloadPreset] = {
+    "default": WorkloadPreset(
+        prompts=1024, prompt_len=1024, response_len=1024, mini_batches=4,
+        source="HybridFlow §8.1's batch shape (1024 prompts, 1024 + 1024 tokens) with verl's example PPO "
+               "mini-batch of 256 prompts (4 optimizer steps per epoch)"),
+    "paper": WorkloadPreset(
+        prompts=1024, prompt_len=1024, response_len=1024, mini_batches=8,
+        source="HybridFlow §8.1 exactly: 1024 prompts, 1024 prompt and 1024 response tokens, one PPO epoch "
+               "of 8 update iterations"),
+}
+"""Named PPO workloads; ``default`` is what ``hybridflow simulate`` and :func:`paper_workload` use unless told otherwise."""
+
+
+def workload_preset(name: str) -> WorkloadPreset:
+    """The preset called ``name`` (``default`` or ``paper``)."""
+    try:
+        return WORKLOAD_PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown workload preset {name!r}; known: {', '.join(WORKLOAD_PRESETS)}") from None
+
+
+def paper_workload(model: ModelSpec | str, preset: str = "default") -> Workload:
+    """PPO with four roles of ``model`` on a :data:`WORKLOAD_PRESETS` batch (``default``: 1024 prompts of 1024 tokens, 1024-token responses, 4 mini-batches)."""
+    p = workload_preset(preset)
+    return ppo_workload(model, prompts=p.prompts, prompt_len=p.prompt_len, response_len=p.response_len,
+                        ppo_epochs=p.ppo_epochs, mini_batches=p.mini_batches)

@@ -52,3 +52,13 @@ def test_link_bandwidth_inside_and_across_nodes():
     assert c.link_bandwidth(8) == pytest.approx(240e9)
     # across nodes: each device's share of the node's 200 GB/s, 25 GB/s, x 0.8 = 20 GB/s
     assert c.link_bandwidth(9) == pytest.approx(20e9)
+
+
+def test_network_presets_state_their_source():
+    from hybridflow.compiler.cluster import NETWORK_PRESETS
+
+    a100 = ClusterSpec.preset("a100-80g", nodes=2)
+    assert a100.with_network("default") == a100
+    paper = a100.with_network("paper")
+    assert paper.inter_node_bandwidth == 25e9 and paper.intra_node_bandwidth == a100.intra_node_bandwidth
+    assert all(p.source for p in NETWORK_PRESETS.values()) and "§8.1" in NETWORK_PRESETS["paper"].source

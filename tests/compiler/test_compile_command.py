@@ -64,6 +64,22 @@ def test_simulate_prints_one_row_per_model_and_size(capsys):
     assert "neither whole nodes" in capsys.readouterr().err
 
 
+def test_simulate_engine_workload_network_and_compare(capsys):
+    argv = ["simulate", "ppo", "--models", "llama2-13b", "--gpus", "16", "--engine", "megatron", "--workload", "paper",
+            "--network", "paper", "--compare", "paper", "--brief"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "8 optimizer steps (workload paper)" in printed and "network paper, engine megatron" in printed
+    row = next(line for line in printed.splitlines() if line.startswith("llama2-13b"))
+    winner, margin, paper = row.split()[6:9]
+    assert winner in ("colocate", "split", "standalone") and margin.endswith("%") and paper.startswith("colocate")
+    assert "winner agrees with paper in" in printed
+    for bad, message in ((["--engine", "deepspeed"], "training engines"), (["--workload", "mine"], "workload preset"),
+                         (["--network", "slow"], "network preset"), (["--compare", "verl"], "known studies")):
+        assert main(["simulate", "ppo", "--models", "llama2-7b", "--gpus", "8", "--brief"] + bad) == 1
+        assert message in capsys.readouterr().err, bad
+
+
 def test_compile_validates_a_graph_file_as_the_dsl_does(tmp_path, capsys):
     doc = json.loads(ALGORITHMS["grpo"].build().to_json())
     node = next(n for n in doc["nodes"] if n["kind"] == "compute")

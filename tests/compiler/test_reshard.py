@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from hybridflow.compiler.cluster import ClusterSpec
 from hybridflow.compiler.layout import Layout
-from hybridflow.compiler.reshard import cross_pool_sync, hybrid_engine_figures, hybrid_engine_groups, table2
+from hybridflow.compiler.reshard import (ReshardFigures, cross_pool_sync, hybrid_engine_figures, hybrid_engine_groups, table2,
+                                        transition_figures)
 from hybridflow.errors import PlanError
 
 
@@ -24,10 +25,26 @@ def test_table2_rows():
     rows = table2(m, train, gen)
     # HybridFlow: (t·p − tg·pg)/(tg·pg·t·p)·M = (4 − 2)/(2·4) = 1/4; peak M/(tg·pg) = 1/2; no redundancy
     assert (rows["hybridflow"].comm_volume_bytes, rows["hybridflow"].peak_memory_bytes, rows["hybridflow"].redundant_bytes) == (0.25, 0.5, 0.0)
-    # DS-Chat / HybridFlow-V: (t·p − 1)/(t·p)·M = 3/4, peak M, training shard M/4 kept twice
+    # HybridFlow-V: (t·p − 1)/(t·p)·M = 3/4, peak M, training shard M/4 kept twice
     assert (rows["hybridflow-v"].comm_volume_bytes, rows["hybridflow-v"].peak_memory_bytes, rows["hybridflow-v"].redundant_bytes) == (0.75, 1.0, 0.25)
     assert rows["openrlhf"].comm_volume_bytes == 1.0
     assert hybrid_engine_figures(m, train, gen, sharded_over_dp=False) == rows["hybridflow"]
+
+
+def test_paper_figure_8_volumes():
+    # Fig. 8: training 1-4-2 (p=1, t=4, d=2) on 8 GPUs, generation 1-2-4 (pg=1, tg=2, dg=4). Table 2 per rank:
+    # DS-Chat (t·p·d − 1)/(t·p·d)·M = 7/8, peak M, redundant M/8; HybridFlow-V (t·p − 1)/(t·p)·M = 3/4, redundant M/4;
+    # HybridFlow (t·p − tg·pg)/(tg·pg·t·p)·M = 1/4, peak M/2, redundant 0; OpenRLHF M, M, M.
+    rows = table2(1.0, Layout(2, 4, 1), Layout(4, 2, 1))
+    assert rows["ds-chat"] == ReshardFigures(7 / 8, 1.0, 1 / 8)
+    assert rows["hybridflow-v"] == ReshardFigures(3 / 4, 1.0, 1 / 4)
+    assert rows["hybridflow"] == ReshardFigures(1 / 4, 1 / 2, 0.0)
+    assert rows["openrlhf"] == ReshardFigures(1.0, 1.0, 1.0)
+    # the megatron engine moves what the paper says; fsdp (ZeRO-3) holds M/(t·p·d) and receives (d − 1)/(t·p·d)·M more
+    assert transition_figures(1.0, Layout(2, 4, 1), Layout(4, 2, 1), "megatron") == rows["hybridflow"]
+    assert transition_figures(1.0, Layout(2, 4, 1), Layout(4, 2, 1), "fsdp").comm_volume_bytes == pytest.approx(1 / 4 + 1 / 8)
+    # with d = 1 both engines agree
+    assert transition_figures(1.0, Layout(1, 4, 2), Layout(2, 2, 2), "fsdp") == transition_figures(1.0, Layout(1, 4, 2), Layout(2, 2, 2), "megatron")
 
 
 def test_incompatible_generation_layouts_are_refused():

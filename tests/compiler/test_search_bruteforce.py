@@ -45,9 +45,10 @@ def _layouts(model, n, node):
             yield Layout(n // (t * p), t, p)
 
 
-def _gen_layouts(model, train, node):
+def _gen_layouts(model, train, node, engine):
+    columns = train.tp * train.dp if engine == "fsdp" else train.tp  # megatron replicates weights over dp
     for g in _layouts(model, train.size, node):
-        if train.pp % g.pp == 0 and (train.tp * train.dp) % g.tp == 0:
+        if train.pp % g.pp == 0 and columns % g.tp == 0:
             yield g
 
 
@@ -67,9 +68,10 @@ def brute_force(workload, cluster):
                 for name in g:
                     role = workload.role(name)
                     choices = []
-                    for lay in _layouts(role.model, sizes[k], node):
-                        gens = list(_gen_layouts(role.model, lay, node)) if role.generates else [None]
-                        choices += [RolePlacement(name, k, lay, gl) for gl in gens]
+                    engines = role.engines if role.trainable else role.engines[:1]
+                    for lay, engine in itertools.product(_layouts(role.model, sizes[k], node), engines):
+                        gens = list(_gen_layouts(role.model, lay, node, engine)) if role.generates else [None]
+                        choices += [RolePlacement(name, k, lay, gl, engine) for gl in gens]
                     per_role.append(choices)
             for roles in itertools.product(*per_role):
                 for offload in itertools.product([False, True], repeat=len(groups)):
@@ -90,17 +92,19 @@ def small_instances(draw):
         return ModelSpec(name=name, layers=draw(st.sampled_from([2, 4])), hidden=draw(st.sampled_from([512, 1024])),
                          heads=8, kv_heads=draw(st.sampled_from([2, 8])), intermediate=2048, vocab=32000)
     names = draw(st.sampled_from([("actor", "critic"), ("actor", "ref"), ("actor", "critic", "ref")]))
+    engines = draw(st.sampled_from([("fsdp",), ("megatron",), ("fsdp", "megatron")]))
     roles = []
     for name in names:
         trainable = name != "ref"
         roles.append(RoleWork(name=name, model=model(name), trainable=trainable, generates=name == "actor",
-                              infer_passes=1, train_epochs=int(trainable), mini_batches=draw(st.sampled_from([1, 2]))))
+                              infer_passes=1, train_epochs=int(trainable), mini_batches=draw(st.sampled_from([1, 2])),
+                              engines=engines))
     gen = GenerationWork(prompts=draw(st.sampled_from([16, 64])), prompt_len=draw(st.sampled_from([128, 512])),
                          response_len=draw(st.sampled_from([128, 512])))
     return Workload(roles=tuple(roles), generation=gen), cluster
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(small_instances())
 def test_search_equals_brute_force(instance):
     workload, cluster = instance

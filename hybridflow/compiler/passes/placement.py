@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 
-from ...errors import ConfigError, PlacementError
+from ...errors import ConfigError, PlacementError, PlanError
 from ..cost import Generate, estimate
+from ..engine import DEFAULT_ENGINE
 from ..layout import Layout, valid_layouts
 from ..placement import Placement, PoolSpec, evaluate, manual_placement, place_fixed, placement_from_device_map, search
 from ..placement.search import ScoredPlacement, assign_devices
@@ -199,6 +200,9 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
             placements.append(RolePlacement(role=role.name, pool=rule_pools[role.name]))
             continue
         rp = resolved.placement.of(role.name)
+        if rp.engine != DEFAULT_ENGINE:
+            raise PlanError(f"role {role.name!r} is placed for the {rp.engine} training engine, but plans run on "
+                            f"hybridflow's {DEFAULT_ENGINE} engine; compile with the role's engines left at ({DEFAULT_ENGINE!r},)")
         role_pool[role.name] = pools[rp.pool].name
         gen_layout, gen_pool = rp.gen_layout, None
         if resolved.rollout and resolved.rollout[0] == role.name:

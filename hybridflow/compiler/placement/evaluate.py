@@ -22,6 +22,7 @@ from functools import lru_cache
 
 from ...errors import PlacementError
 from ..cluster import ClusterSpec
+from ..engine import DEFAULT_ENGINE, TRAIN_ENGINES
 from ..cost import (CostOptions, Compute, Generate, Infer, Offload, Score, Update, WeightSync, estimate,
                     generation_plan, generation_time)
 from ..layout import Layout, generation_layouts, layout_problem
@@ -30,7 +31,7 @@ from ..models import ModelSpec
 from ..workload import STAGES, GenerationWork, RoleWork, Workload
 from .types import Placement
 
-__all__ = ["RoleEstimate", "GroupCost", "PlacementCost", "role_estimate", "generation_estimate",
+__all__ = ["RoleEstimate", "GroupCost", "PlacementCost", "role_estimate", "weight_sync_estimate", "generation_estimate",
            "group_cost", "evaluate", "member_stages"]
 
 GEN, INFER, TRAIN = range(len(STAGES))
@@ -47,6 +48,7 @@ class RoleEstimate:
     times: tuple[float, ...]
     peaks: tuple[float, ...]
     problem: str | None = None
+    engine: str = DEFAULT_ENGINE
 
 
 def member_stages(role: RoleWork) -> tuple[int, ...]:
@@ -56,36 +58,39 @@ def member_stages(role: RoleWork) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=200_000)
-def role_estimate(role: RoleWork, layout: Layout, gen: GenerationWork, cluster: ClusterSpec, options: CostOptions) -> RoleEstimate:
-    """Infer/score and update costs of ``role`` on ``layout`` (cached per role, layout and cluster)."""
+def role_estimate(role: RoleWork, layout: Layout, gen: GenerationWork, cluster: ClusterSpec, options: CostOptions,
+                  engine: str = DEFAULT_ENGINE) -> RoleEstimate:
+    """Infer/score and update costs of ``role`` on ``layout`` trained by ``engine`` (cached per role, layout, engine and cluster)."""
     m, seqs, seq_len = role.model, gen.sequences, gen.seq_len
     times, peaks = [0.0] * len(STAGES), [0.0] * len(STAGES)
     records = []
     if role.infer_passes:
-        records.append((INFER, estimate(Infer(m, layout, role.trainable, seqs, seq_len, role.infer_passes), cluster, options)))
+        records.append((INFER, estimate(Infer(m, layout, role.trainable, seqs, seq_len, role.infer_passes, engine), cluster, options)))
     if role.score_passes:
-        records.append((INFER, estimate(Score(m, layout, role.trainable, seqs, seq_len, role.score_passes), cluster, options)))
+        records.append((INFER, estimate(Score(m, layout, role.trainable, seqs, seq_len, role.score_passes, engine), cluster, options)))
     if role.train_epochs:
-        records.append((TRAIN, estimate(Update(m, layout, seqs, seq_len, role.train_epochs, role.mini_batches), cluster, options)))
+        records.append((TRAIN, estimate(Update(m, layout, seqs, seq_len, role.train_epochs, role.mini_batches, engine), cluster, options)))
     for stage, rec in records:
         times[stage] += rec.time_s
         peaks[stage] = max(peaks[stage], rec.peak_memory_bytes)
-    resident = resident_bytes(m, layout, role.trainable)
-    return RoleEstimate(role.name, layout, resident, tuple(times), tuple(peaks))
+    resident = resident_bytes(m, layout, role.trainable, engine)
+    return RoleEstimate(role.name, layout, resident, tuple(times), tuple(peaks), engine=engine)
 
 
 @lru_cache(maxsize=100_000)
-def _weight_sync(model: ModelSpec, train: Layout, gen_layout: Layout, cluster: ClusterSpec, options: CostOptions):
-    return estimate(WeightSync(model, train, gen_layout), cluster, options)
+def weight_sync_estimate(model: ModelSpec, train: Layout, gen_layout: Layout, cluster: ClusterSpec, options: CostOptions,
+                         engine: str = DEFAULT_ENGINE):
+    """The cost record of the hybrid-engine transition ``train -> gen_layout`` of a model trained by ``engine`` (cached)."""
+    return estimate(WeightSync(model, train, gen_layout, engine), cluster, options)
 
 
 def generation_estimate(model: ModelSpec, train: Layout, gen_layout: Layout, gen: GenerationWork, memory_used: float,
-                        cluster: ClusterSpec, options: CostOptions) -> tuple[float, float, str | None]:
+                        cluster: ClusterSpec, options: CostOptions, engine: str = DEFAULT_ENGINE) -> tuple[float, float, str | None]:
     """(time, peak memory, problem) of the weight sync train -> gen_layout followed by ``gen.generations`` generations.
 
     Only the wave plan depends on ``memory_used``; the rest is cached.
     """
-    sync = _weight_sync(model, train, gen_layout, cluster, options)
+    sync = weight_sync_estimate(model, train, gen_layout, cluster, options, engine)
     if sync.problem:
         return INF, INF, sync.problem
     plan = generation_plan(model, gen_layout, gen.sequences, gen.seq_len, memory_used, cluster)
@@ -115,20 +120,20 @@ def _transfer(nbytes: float, cluster: ClusterSpec, options: CostOptions) -> floa
     return 2 * estimate(Offload(nbytes), cluster, options).time_s  # offload after, onload before
 
 
-def group_cost(members: tuple[tuple[RoleWork, Layout, Layout | None], ...], size: int, offload: bool,
+def group_cost(members: tuple[tuple[RoleWork, Layout, Layout | None, str], ...], size: int, offload: bool,
                gen: GenerationWork, cluster: ClusterSpec, options: CostOptions) -> GroupCost:
-    """Stage times and peak memory of the roles ``members`` = (role, layout, generation layout) sharing ``size`` devices."""
-    names = tuple(r.name for r, _, _ in members)
-    estimates = [role_estimate(r, l, gen, cluster, options) for r, l, _ in members]
+    """Stage times and peak memory of the roles ``members`` = (role, layout, generation layout, engine) sharing ``size`` devices."""
+    names = tuple(r.name for r, _, _, _ in members)
+    estimates = [role_estimate(r, l, gen, cluster, options, e) for r, l, _, e in members]
     usable = cluster.usable_memory_bytes
     total_resident = sum(e.resident for e in estimates)
     times, peak = [0.0] * len(STAGES), 0.0
-    for (role, layout, gen_layout), est in zip(members, estimates):
+    for (role, layout, gen_layout, engine), est in zip(members, estimates):
         others = 0.0 if offload else total_resident - est.resident
         for stage in member_stages(role):
             if stage == GEN:
                 used = est.resident + others
-                t, p, problem = generation_estimate(role.model, layout, gen_layout, gen, used, cluster, options)
+                t, p, problem = generation_estimate(role.model, layout, gen_layout, gen, used, cluster, options, engine)
                 if problem:
                     return GroupCost(names, size, offload, (INF,) * len(STAGES), INF, f"{role.name}: {problem}")
             else:
@@ -193,8 +198,11 @@ def check_placement(placement: Placement, workload: Workload, cluster: ClusterSp
         problem = layout_problem(rp.layout, role.model, cluster.devices_per_node)
         if rp.layout.size != size or problem:
             raise PlacementError(f"role {rp.role!r}: layout {rp.layout} does not fit its {size}-device pool ({problem or 'dp·tp·pp must equal the pool size'})")
-        if role.generates and rp.gen_layout not in generation_layouts(role.model, rp.layout, cluster.devices_per_node):
-            raise PlacementError(f"role {rp.role!r}: generation layout {rp.gen_layout} is not reachable from {rp.layout}; choose one of {[str(g) for g in generation_layouts(role.model, rp.layout, cluster.devices_per_node)]}")
+        if rp.engine not in TRAIN_ENGINES:
+            raise PlacementError(f"role {rp.role!r}: unknown training engine {rp.engine!r}; use one of {', '.join(TRAIN_ENGINES)}")
+        reachable = generation_layouts(role.model, rp.layout, cluster.devices_per_node, rp.engine)
+        if role.generates and rp.gen_layout not in reachable:
+            raise PlacementError(f"role {rp.role!r}: generation layout {rp.gen_layout} is not reachable from {rp.layout} under the {rp.engine} engine; choose one of {[str(g) for g in reachable]}")
 
 
 def evaluate(placement: Placement, workload: Workload, cluster: ClusterSpec, options: CostOptions | None = None) -> PlacementCost:
@@ -203,7 +211,7 @@ def evaluate(placement: Placement, workload: Workload, cluster: ClusterSpec, opt
     check_placement(placement, workload, cluster)
     groups = []
     for k, pool in enumerate(placement.pools):
-        members = tuple((workload.role(rp.role), rp.layout, rp.gen_layout) for rp in placement.roles if rp.pool == k)
+        members = tuple((workload.role(rp.role), rp.layout, rp.gen_layout, rp.engine) for rp in placement.roles if rp.pool == k)
         if members:
             groups.append(group_cost(members, pool.size, placement.offload[k], workload.generation, cluster, options))
     compute = controller_time(workload, cluster, options)

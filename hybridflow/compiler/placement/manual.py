@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...errors import ConfigError, PlacementError
 from ..cluster import ClusterSpec
 from ..cost import CostOptions
-from ..layout import Layout, generation_layouts, layout_problem
+from ..layout import Layout, layout_problem
 from ..workload import Workload
-from .evaluate import controller_time, role_estimate
-from .options import RoleCandidate, group_combinations, role_candidates
+from .evaluate import controller_time
+from .options import group_combinations, make_candidate, role_candidates
 from .search import ScoredPlacement, _branch, _TopK, _scored, packs
 
 __all__ = ["PoolSpec", "manual_placement", "placement_from_device_map"]
@@ -51,9 +51,8 @@ def _candidates_for(workload: Workload, cluster: ClusterSpec, options: CostOptio
         problem = layout_problem(layout, role.model, cluster.devices_per_node)
         if problem or layout.size != spec.devices:
             raise ConfigError(f"pool {list(spec.roles)}: layout {layout} of {name!r} does not fit {spec.devices} devices ({problem or 'dp·tp·pp must equal the device count'})")
-        gens = frozenset(g for g in generation_layouts(role.model, layout, cluster.devices_per_node)
-                         if not options.data_parallel_only or g.size == g.dp) if role.generates else frozenset()
-        per_role.append((RoleCandidate(role_estimate(role, layout, workload.generation, cluster, options), gens),))
+        per_role.append(tuple(make_candidate(role, layout, engine, workload.generation, cluster, options)
+                              for engine in role.search_engines))
     return per_role
 
 

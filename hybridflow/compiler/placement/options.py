@@ -1,12 +1,17 @@
 """Candidate layouts per role and per colocated group, with exact dominance pruning (cached per model and device count).
 
-A role's candidates on ``n`` devices are its valid layouts whose work fits in
-memory alone. A candidate is dropped when another is at least as good in
-every respect that can matter to any placement: time in every stage, resident
-states, the memory its work needs beyond them and — for the generating role — the
-set of generation layouts it can reach (the weight-sync cost depends only on
-the generation layout and the pool size, since ZeRO-3 shards weights over
-the whole pool). A group's options on ``n`` devices are the feasible
+A role's candidates on ``n`` devices are its valid layouts, under each of its
+training engines (``RoleWork.search_engines``), whose work fits in memory
+alone. A candidate is dropped when another is at least as good in every
+respect that can matter to any placement: time in every stage, resident
+states, the memory its work needs beyond them and — for the generating role —
+every generation layout it can reach, each with a weight sync no slower. The
+sync is compared layout by layout because its cost depends on the training
+layout, not only on the generation layout and pool size: under ``fsdp`` a
+rank receives ``M/(tg·pg) − M/n`` (the same for every training layout on
+``n`` devices), under ``megatron`` ``M/(tg·pg) − M/(t·p)`` over links set by
+``t·p``, so two megatron candidates with different ``(t, p)`` differ in it
+and the comparison keys on ``(t, p)`` in effect. A group's options on ``n`` devices are the feasible
 combinations of its roles' candidates, resident or offloaded, built role by
 role with dominated partial sums dropped, and kept when their stage-time
 vectors are Pareto-optimal: that is all the cross-group search needs.
@@ -18,25 +23,31 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..cluster import ClusterSpec
-from ..cost import CostOptions, Offload, WeightSync, estimate, generation_time, waves_for
+from ..cost import CostOptions, Offload, estimate, generation_time, waves_for
 from ..memory import generation_weight_bytes, kv_bytes_per_sequence
 from ..layout import Layout, generation_layouts, valid_layouts
 from ..workload import STAGES, GenerationWork, RoleWork
-from .evaluate import GEN, RoleEstimate, generation_estimate, member_stages, role_estimate
+from .evaluate import GEN, RoleEstimate, generation_estimate, member_stages, role_estimate, weight_sync_estimate
 
-__all__ = ["RoleCandidate", "GroupOption", "role_candidates", "group_options", "group_combinations", "best_generation", "pareto"]
+__all__ = ["RoleCandidate", "GroupOption", "make_candidate", "role_candidates", "group_options", "group_combinations", "best_generation", "pareto"]
 
 
 @dataclass(frozen=True)
 class RoleCandidate:
-    """A layout of one role with its estimate and (for the generating role) reachable generation layouts."""
+    """A layout and engine of one role with its estimate and (for the generating role) reachable generation layouts."""
 
     estimate: RoleEstimate
     gen_layouts: frozenset[Layout] = frozenset()
+    sync_s: tuple[tuple[Layout, float], ...] = ()
+    """Weight-sync seconds per reachable generation layout whose sync is feasible (generating role only)."""
 
     @property
     def layout(self) -> Layout:
         return self.estimate.layout
+
+    @property
+    def engine(self) -> str:
+        return self.estimate.engine
 
 
 @dataclass(frozen=True)
@@ -46,32 +57,49 @@ class GroupOption:
     size: int
     offload: bool
     times: tuple[float, ...]
-    layouts: tuple[tuple[Layout, Layout | None], ...]
-    """(layout, generation layout) per role of the group, in group order."""
+    layouts: tuple[tuple[Layout, Layout | None, str], ...]
+    """(layout, generation layout, training engine) per role of the group, in group order."""
 
 
 def _dominates(role: RoleWork, a: RoleCandidate, b: RoleCandidate) -> bool:
     ea, eb = a.estimate, b.estimate
-    return (ea.resident <= eb.resident and all(x <= y for x, y in zip(ea.times, eb.times))
-            and _excess(role, a) <= _excess(role, b) and b.gen_layouts <= a.gen_layouts)
+    if not (ea.resident <= eb.resident and all(x <= y for x, y in zip(ea.times, eb.times))
+            and _excess(role, a) <= _excess(role, b) and b.gen_layouts <= a.gen_layouts):
+        return False
+    if not role.generates:
+        return True
+    sync_a = dict(a.sync_s)
+    return all(g in sync_a and sync_a[g] <= t for g, t in b.sync_s)
+
+
+def make_candidate(role: RoleWork, layout: Layout, engine: str, gen: GenerationWork, cluster: ClusterSpec,
+                   options: CostOptions) -> RoleCandidate:
+    """``role`` on ``layout`` under ``engine``: its estimate, reachable generation layouts and their sync times."""
+    est = role_estimate(role, layout, gen, cluster, options, engine)
+    if not role.generates:
+        return RoleCandidate(est)
+    gens = frozenset(g for g in generation_layouts(role.model, layout, cluster.devices_per_node, engine)
+                     if not options.data_parallel_only or g.size == g.dp)
+    syncs = ((g, weight_sync_estimate(role.model, layout, g, cluster, options, engine)) for g in sorted(gens))
+    return RoleCandidate(est, gens, tuple((g, rec.time_s) for g, rec in syncs if not rec.problem))
 
 
 @lru_cache(maxsize=100_000)
 def role_candidates(role: RoleWork, n: int, gen: GenerationWork, cluster: ClusterSpec, options: CostOptions) -> tuple[RoleCandidate, ...]:
-    """Non-dominated layouts of ``role`` on ``n`` devices whose work fits in memory when the role is alone."""
+    """Non-dominated (layout, engine) candidates of ``role`` on ``n`` devices whose work fits in memory when the role is alone."""
     usable = cluster.usable_memory_bytes
     found = []
-    for layout in valid_layouts(role.model, n, cluster.devices_per_node):
-        if options.data_parallel_only and layout.size != layout.dp:
-            continue
-        est = role_estimate(role, layout, gen, cluster, options)
-        if est.problem or max(est.peaks) > usable or est.resident > usable:
-            continue
-        gens = frozenset(g for g in generation_layouts(role.model, layout, cluster.devices_per_node)
-                         if not options.data_parallel_only or g.size == g.dp) if role.generates else frozenset()
-        if role.generates and not gens:
-            continue
-        found.append(RoleCandidate(est, gens))
+    for engine in role.search_engines:
+        for layout in valid_layouts(role.model, n, cluster.devices_per_node):
+            if options.data_parallel_only and layout.size != layout.dp:
+                continue
+            cand = make_candidate(role, layout, engine, gen, cluster, options)
+            est = cand.estimate
+            if est.problem or max(est.peaks) > usable or est.resident > usable:
+                continue
+            if role.generates and not cand.gen_layouts:
+                continue
+            found.append(cand)
     return tuple(c for i, c in enumerate(found)
                  if not any(j != i and _dominates(role, o, c) and (j < i or not _dominates(role, c, o)) for j, o in enumerate(found)))
 
@@ -90,7 +118,7 @@ def _generation_table(role: RoleWork, candidate: RoleCandidate, gen: GenerationW
                       options: CostOptions) -> _GenerationTable:
     entries = []
     for g in sorted(candidate.gen_layouts):
-        sync = estimate(WeightSync(role.model, candidate.layout, g), cluster, options)
+        sync = weight_sync_estimate(role.model, candidate.layout, g, cluster, options, candidate.engine)
         if not sync.problem:
             entries.append((g, sync.time_s, generation_weight_bytes(role.model, g),
                             kv_bytes_per_sequence(role.model, g, gen.seq_len), math.ceil(gen.sequences / g.dp)))
@@ -154,7 +182,7 @@ class _Partial:
     times: tuple[float, ...]
     resident: float
     headroom: float
-    picks: tuple[tuple[int, Layout, Layout | None], ...]
+    picks: tuple[tuple[int, Layout, Layout | None, str], ...]
 
 
 def _combine(roles, n, per_role, offload, gen, cluster, options, gen_layout) -> list[GroupOption]:
@@ -185,15 +213,15 @@ def _combine(roles, n, per_role, offload, gen, cluster, options, gen_layout) -> 
                     if gen_layout is None:
                         t_gen, chosen = best_generation(role, cand, used, gen, cluster, options)
                     else:
-                        t_gen, _, problem = generation_estimate(role.model, e.layout, gen_layout, gen, used, cluster, options)
+                        t_gen, _, problem = generation_estimate(role.model, e.layout, gen_layout, gen, used, cluster, options, e.engine)
                         chosen = None if problem or gen_layout not in cand.gen_layouts else gen_layout
                     if chosen is None:
                         continue
                     times = (times[GEN] + t_gen,) + times[GEN + 1:]
-                grown.append(_Partial(times, resident, headroom, st.picks + ((i, e.layout, chosen),)))
+                grown.append(_Partial(times, resident, headroom, st.picks + ((i, e.layout, chosen, e.engine),)))
         key = (lambda p: p.times) if offload else (lambda p: p.times + (p.resident, -p.headroom))
         states = pareto(grown, key=key)
-    return [GroupOption(n, offload, st.times, tuple((l, g) for _, l, g in sorted(st.picks, key=lambda x: x[0])))
+    return [GroupOption(n, offload, st.times, tuple((l, g, en) for _, l, g, en in sorted(st.picks, key=lambda x: x[0])))
             for st in states]
 
 

@@ -9,7 +9,8 @@ The search space (HybridFlow §6 and appendix C, algorithm 1):
    cluster — whole-node groups take whole nodes, and the sub-node groups
    (powers of two, so they pack perfectly) take ``ceil(sum / node)`` more
    nodes. Devices may stay idle;
-3. every valid ``(dp, tp, pp)`` layout per role, and per generating role
+3. every valid ``(dp, tp, pp)`` layout per role under each training engine
+   the role allows (``RoleWork.engines``: fsdp, megatron), and per generating role
    every generation layout the hybrid engine reaches without redundancy; per
    group, resident or offloaded states.
 
@@ -196,8 +197,8 @@ def _placement_from_choice(workload, cluster, choice, strategy: str) -> Placemen
     devices = assign_devices(sizes, cluster)
     roles = []
     for k, (group, opt) in enumerate(choice):
-        for name, (layout, gen_layout) in zip(group, opt.layouts):
-            roles.append(RolePlacement(name, k, layout, gen_layout))
+        for name, (layout, gen_layout, engine) in zip(group, opt.layouts):
+            roles.append(RolePlacement(name, k, layout, gen_layout, engine))
     order = {n: i for i, n in enumerate(workload.role_names)}
     return Placement(pools=tuple(Pool(d) for d in devices), roles=tuple(sorted(roles, key=lambda r: order[r.role])),
                      offload=tuple(opt.offload for _, opt in choice), strategy=strategy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import PlacementError
+from ..engine import DEFAULT_ENGINE
 from ..layout import Layout
 
 __all__ = ["Pool", "RolePlacement", "Placement"]
@@ -44,16 +45,22 @@ class Pool:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Where one role runs: its pool (index into ``Placement.pools``), training/inference layout and, for the generating role, its generation layout."""
+    """Where one role runs: its pool (index into ``Placement.pools``), training/inference layout and, for the generating role, its generation layout.
+
+    ``engine``: the training engine that holds the role's states (``fsdp`` or
+    ``megatron``; :mod:`hybridflow.compiler.engine`).
+    """
 
     role: str
     pool: int
     layout: Layout
     gen_layout: Layout | None = None
+    engine: str = DEFAULT_ENGINE
 
     def __str__(self) -> str:
         gen = f", generate {self.gen_layout}" if self.gen_layout else ""
-        return f"{self.role}: {self.layout}{gen}"
+        engine = f" [{self.engine}]" if self.engine != DEFAULT_ENGINE else ""
+        return f"{self.role}: {self.layout}{engine}{gen}"
 
 
 @dataclass(frozen=True)
