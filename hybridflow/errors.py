@@ -24,6 +24,7 @@ __all__ = [
     "BatchError",
     "WorkerLostError",
     "OutputDirError",
+    "ContractError",
 ]
 
 
@@ -102,3 +103,16 @@ class WorkerLostError(ExecutionError):
 
 class OutputDirError(HybridflowError):
     """An output folder cannot be used: another run holds it, it holds an earlier run's checkpoints, or it is a file."""
+
+
+class ContractError(ExecutionError):
+    """A node produced an output that breaks its declaration: wrong dtype, a shape that does not fit the
+    graph's dims, or a NaN/inf where finite values are declared. Names the node, its op and the field.
+
+    ``HYBRIDFLOW_CHECK_CONTRACTS=0`` (or the config's ``check_contracts: false``) turns these checks off.
+    """
+
+    def __init__(self, message: str, *, node: str, op: str, field: str | None = None):
+        self.node, self.op, self.field = node, op, field
+        where = f"node {node!r} (op {op!r})" + (f", output {field!r}" if field else "")
+        super().__init__(f"{where}: {message}")

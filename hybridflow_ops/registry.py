@@ -100,6 +100,9 @@ class OpSpec:
     """Loss ops: an input field such that a row whose values are all zero there adds exactly
     zero loss and zero gradient (e.g. ``advantages`` for the PPO surrogate). Engines may skip
     the forward/backward of such rows, keeping the global token/sequence counts."""
+    finite_outputs: tuple[str, ...] = ()
+    """Outputs that must hold only finite values (no NaN, no inf); the runtime's contract
+    checks raise when one does not. By default every floating-point output."""
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -130,6 +133,21 @@ def _keyword_attrs(fn: Callable, n_positional: int, name: str) -> tuple[tuple[st
     return tuple(p.name for p in kw), defaults
 
 
+_FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def _finite_outputs(name: str, finite: object, outputs: tuple[FieldSpec, ...]) -> tuple[str, ...]:
+    if finite is True:
+        return tuple(f.name for f in outputs if f.dtype in _FLOAT_DTYPES)
+    if finite is False:
+        return ()
+    names = {f.name for f in outputs}
+    if not isinstance(finite, tuple) or not all(isinstance(n, str) and n in names for n in finite):
+        raise OpRegistryError(f"op {name!r}: finite={finite!r} must be True, False or a tuple of its output names "
+                              f"({', '.join(sorted(names))})")
+    return finite
+
+
 def register_op(
     name: str,
     *,
@@ -139,8 +157,12 @@ def register_op(
     kind: str = "compute",
     replace: bool = False,
     vanishes_with: str | None = None,
+    finite: bool | tuple[str, ...] = True,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` under ``name`` with its typed fields.
+
+    ``finite`` says which outputs must hold only finite values: True (the default) every
+    floating-point output, False none, or a tuple of output names.
 
     >>> @register_op("my_adv", inputs=("scores: float32[B]",), outputs=("advantages: float32[B]",))
     ... def my_adv(scores, *, scale=1.0): ...
@@ -155,6 +177,7 @@ def register_op(
     if vanishes_with is not None and vanishes_with not in {f.name for f in in_specs}:
         raise OpRegistryError(f"op {name!r}: vanishes_with={vanishes_with!r} must name one of its inputs "
                               f"({', '.join(f.name for f in in_specs)})")
+    finite_outputs = _finite_outputs(name, finite, out_specs)
 
     def decorate(fn: Callable) -> Callable:
         if name in _REGISTRY and not replace:
@@ -163,7 +186,7 @@ def register_op(
         _REGISTRY[name] = OpSpec(
             name=name, fn=fn, kind=kind, inputs=in_specs, outputs=out_specs,
             model_inputs=model_specs, attrs=attrs, attr_defaults=defaults,
-            doc=inspect.getdoc(fn) or "", vanishes_with=vanishes_with,
+            doc=inspect.getdoc(fn) or "", vanishes_with=vanishes_with, finite_outputs=finite_outputs,
         )
         return fn
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from hybridflow import PPOConfig
 from hybridflow.algorithms import GRPOTrainer
 from hybridflow.data import create_tiny_model_dir, load_causal_lm, load_tokenizer
 from hybridflow.data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
+from hybridflow.trainer.run_command import stopped_status
 from hybridflow.trainer.warmup import supervised_warmup
 
 
@@ -88,6 +90,8 @@ def main(argv=None) -> dict:
     (out / "curve.json").write_text(json.dumps(summary, indent=1))
     print(f"\nfinal greedy accuracy {summary['final_accuracy']:.2f} after {len(history)} steps, "
           f"{summary['wall_s']} s wall in all; metrics in {out / 'metrics.jsonl'}")
+    if trainer.stop_signal:  # Ctrl-C or SIGTERM: the curve so far is above; exit 130 / 143 as a shell expects
+        sys.exit(stopped_status(trainer, command="grpo_arith/train.py", hint=None))
     return summary
 
 

@@ -9,9 +9,11 @@ runs/minimal_ppo/metrics.jsonl and TensorBoard, and the last step is checkpointe
     hybridflow export runs/minimal_ppo --to runs/minimal_ppo/hf_model     # a transformers folder
 """
 import argparse
+import sys
 
 from hybridflow import PPOConfig, RolloutManager
 from hybridflow.trainer import PPOTrainer
+from hybridflow.trainer.run_command import stopped_status
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=400, help="training steps (32 prompts x 16 samples each)")
@@ -45,8 +47,10 @@ config = PPOConfig(
 #    onto this machine and run by the local executor
 trainer = PPOTrainer(config=config)
 
-# 3. train
+# 3. train (Ctrl-C or SIGTERM: the step under way is finished and checkpointed, then the script exits 130 / 143)
 trainer.train()
+if trainer.stop_signal:
+    sys.exit(stopped_status(trainer, command="minimal_ppo.py", hint=None))
 
 # what the policy answers now
 print("\n step  greedy accuracy on the 100 prompts")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-__all__ = ["canonical", "is_symbol", "substitute", "unify", "symbols"]
+__all__ = ["canonical", "factors", "is_symbol", "substitute", "unify", "symbols"]
 
 _SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INT_RE = re.compile(r"^[0-9]+$")
@@ -44,6 +44,11 @@ def _join(coefficient: int, names: tuple[str, ...]) -> str:
 def canonical(dim: str) -> str:
     """The canonical text of ``dim``: ``"8*B"`` -> ``"B*8"``."""
     return _join(*_factors(dim))
+
+
+def factors(dim: str) -> tuple[int, tuple[str, ...]]:
+    """A dim as its integer coefficient and sorted symbols: ``"B*8"`` -> ``(8, ("B",))``, ``"4"`` -> ``(4, ())``."""
+    return _factors(dim)
 
 
 def symbols(dim: str) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from hybridflow_ops.registry import get_op
 
 from ..errors import ExecutionError, RewardError
 from ..graph import Node
+from . import contracts
 from .batch import Batch
 
 __all__ = ["SEQUENCE_FIELDS", "WorkerCall", "gather", "node_call", "node_output", "run_compute", "CALL_BUILDERS",
@@ -144,7 +145,10 @@ OUTPUT_READERS: dict[str, Callable[[Node, Any, dict[str, float]], Batch]] = {
 
 
 def node_output(node: Node, result: Any, metrics: dict[str, float]) -> Batch:
-    return OUTPUT_READERS[node.kind](node, result, metrics)
+    output = OUTPUT_READERS[node.kind](node, result, metrics)
+    if contracts.enabled():
+        contracts.check_node_output(node, output, metrics)
+    return output
 
 
 def run_compute(node: Node, env: Mapping[str, Batch]) -> Batch:
@@ -152,4 +156,6 @@ def run_compute(node: Node, env: Mapping[str, Batch]) -> Batch:
     spec = get_op(node.op)
     batch = gather(node, env)
     outputs = spec.fn(*(batch[f.name] for f in spec.inputs), **dict(node.attrs.params))
+    if contracts.enabled():
+        contracts.check_compute_results(node, batch, outputs, spec.finite_outputs)
     return Batch({f.name: value for f, value in zip(spec.outputs, outputs)})

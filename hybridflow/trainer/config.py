@@ -136,6 +136,7 @@ class PPOConfig(BaseModel):
     overwrite: bool = Field(False, description="With resume='never': delete the checkpoints an earlier run left in output_dir/checkpoints and start fresh (False: such a folder is an error, so that no run is lost by mistake).")
     save_on_interrupt: bool = Field(True, description="On a first SIGINT (Ctrl-C) or SIGTERM, finish the current step and checkpoint it before stopping, whatever save_freq says (False: stop without a checkpoint).")
     keep_checkpoints: int = Field(3, ge=1, description="Keep the newest this many checkpoints; older ones are deleted after each save.")
+    check_contracts: bool = Field(True, description="Check every node's outputs against the graph's declarations as the run goes (dtype, shape against the dims B, R, ..., finiteness of compute ops' float outputs); a breach is a ContractError naming the node. False, or HYBRIDFLOW_CHECK_CONTRACTS=0 in the environment, turns the checks off.")
     max_nan_steps: int = Field(3, ge=1, description="Abort after this many steps in a row whose update skipped a mini-batch for a non-finite loss or gradient norm.")
     max_restarts: int = Field(0, ge=0, description="executor='ray': how many times a run whose worker process died recreates the worker group and continues from its newest checkpoint (needs save_freq > 0); 0: the error ends the run.")
     # -- tracking -----------------------------------------------------------
@@ -208,7 +209,7 @@ ROLE_SOURCE_FIELDS: dict[str, str] = {"cost_fn": "cost", "cost_model_name": "cos
 RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
-    "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate",
+    "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -6,7 +6,9 @@ role kind) — :data:`TIMING_NAMES` — so a new node kind is one row, not a bra
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Protocol, TextIO
@@ -77,25 +79,46 @@ class ConsoleTracker:
 
 
 class JsonlTracker:
-    """Writes ``{"step": s, **metrics}`` per line to ``path``.
+    """Writes ``{"step": s, **metrics}`` per line to ``path``, and never loses an earlier record.
 
-    A fresh run (``resume_step`` None) starts the file anew; a resumed run keeps the lines
-    of steps up to ``resume_step`` (those after it are redone) and appends.
+    A resumed run (``resume_step`` k) keeps the records of steps up to k, drops those after
+    it (the resumed run redoes them) and a line cut by the interruption, and appends; the file
+    is rewritten only when something is dropped, through a temporary file and a rename, so a
+    kill at any moment leaves either the old file or the new one. A fresh run (``resume_step``
+    None) on a folder whose ``path`` already holds records sets that file aside as
+    ``metrics.1.jsonl`` (the first free number) and starts a new one.
     """
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if resume_step is not None and self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    if json.loads(line)["step"] <= resume_step:
-                        kept.append(line + "\n")
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a line cut by the interruption
-        self._file = self.path.open("w", encoding="utf-8")
-        self._file.writelines(kept)
+        if self.path.is_file() and self.path.stat().st_size:
+            if resume_step is None:
+                self._set_aside()
+            else:
+                self._keep_until(resume_step)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _keep_until(self, step: int) -> None:
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()
+        kept = [line for line in lines if _record_kept(line, step)]
+        if kept == lines and text.endswith("\n"):
+            return
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with temporary.open("w", encoding="utf-8") as out:
+            out.writelines(line + "\n" for line in kept)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.path)
+
+    def _set_aside(self) -> None:
+        number = 1
+        while (aside := self.path.with_name(f"{self.path.stem}.{number}{self.path.suffix}")).exists():
+            number += 1
+        os.replace(self.path, aside)
+        logging.getLogger(__name__).warning("a fresh run in %s: the earlier run's %s is kept as %s",
+                                            self.path.parent, self.path.name, aside.name)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._file.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
@@ -103,6 +126,16 @@ class JsonlTracker:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _record_kept(line: str, resume_step: int) -> bool:
+    """Whether a resumed run keeps this line: a record of a step up to ``resume_step``, or one without a step."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False  # a line cut by the interruption
+    step = record.get("step") if isinstance(record, dict) else None
+    return not isinstance(step, (int, float)) or isinstance(step, bool) or step <= resume_step
 
 
 def nan_streak(metrics: Mapping[str, float], step: int, streak: int, limit: int) -> int:

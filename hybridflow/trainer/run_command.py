@@ -65,18 +65,23 @@ def run(args: argparse.Namespace) -> int:
     with StopRequest("writing the trace and the summary") as late:  # a signal now must not lose them
         artifacts = write_artifacts(trainer)
         print("\n".join(summary_lines(trainer, time.perf_counter() - start, artifacts)), flush=True)
-    return stopped_status(trainer, late, "run")
+    return stopped_status(trainer, late, "hybridflow run")
 
 
-def stopped_status(trainer, late, command: str) -> int:
-    """0, or 128 + the signal's number (with a line on stderr) when SIGINT/SIGTERM stopped the run."""
+def stopped_status(trainer, late=None, command: str = "hybridflow run",
+                   hint: str | None = "run it again with resume=auto to continue") -> int:
+    """0, or 128 + the signal's number (with a line on stderr) when SIGINT/SIGTERM stopped the run.
+
+    ``late`` is the StopRequest around the writing after training, if any; ``command`` starts the
+    line (the example scripts give their own name), ``hint`` ends it.
+    """
     import signal
     import sys
 
-    name = trainer.stop_signal or late.name
+    name = trainer.stop_signal or (late.name if late is not None else None)
     if name is None:
         return 0
     saved = f"; checkpoint {trainer.last_checkpoint}" if trainer.last_checkpoint is not None else ""
-    print(f"hybridflow {command}: stopped by {name} after step {trainer.step} of {trainer.config.max_steps}{saved} "
-          "(run it again with resume=auto to continue)", file=sys.stderr, flush=True)
+    print(f"{command}: stopped by {name} after step {trainer.step} of {trainer.config.max_steps}{saved}"
+          + (f" ({hint})" if hint else ""), file=sys.stderr, flush=True)
     return exit_code(signal.Signals[name])

@@ -20,6 +20,7 @@ import torch
 from ..algorithms import get_algorithm
 from ..errors import ConfigError, WorkerLostError
 from ..graph import Graph
+from ..runtime.contracts import set_enabled as set_contract_checks
 from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
 from .algorithm_state import AlgorithmState
@@ -123,6 +124,7 @@ class Trainer:
         from .trackers import build_trackers
 
         cfg = self.config
+        set_contract_checks(cfg.check_contracts)  # HYBRIDFLOW_CHECK_CONTRACTS=0 turns them off whatever this says
         torch.manual_seed(cfg.seed)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from hybridflow.errors import ConfigError, ExecutionError
+from hybridflow.errors import ConfigError, ContractError, ExecutionError
+from hybridflow.runtime import contracts
 from hybridflow.trainer import PPOTrainer
 from hybridflow.trainer.metrics import JsonlTracker, nan_streak
 from hybridflow.trainer.progress import StepProgress
@@ -49,13 +50,50 @@ def test_resumed_tensorboard_log_drops_redone_steps(tmp_path):
 
 def test_jsonl_resume_keeps_earlier_steps_only(tmp_path):
     path = tmp_path / "m.jsonl"
-    path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n{"step": 3, "a"')  # cut mid-line by a kill
+    path.write_text('{"step": 1, "a": 1}\n{"note": "no step"}\n{"step": 2, "a": 2}\n{"step": 3, "a"')  # cut mid-line by a kill
     tracker = JsonlTracker(path, resume_step=1)
     tracker.log({"a": 5.0}, 2)
     tracker.close()
-    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": 1, "a": 1}, {"step": 2, "a": 5.0}]
-    JsonlTracker(path).close()  # a fresh run starts the file anew
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"step": 1, "a": 1}, {"note": "no step"}, {"step": 2, "a": 5.0}]
+    JsonlTracker(path).close()  # a fresh run starts a new file and keeps the earlier one aside
     assert path.read_text() == ""
+    assert [json.loads(line)["step"] for line in (tmp_path / "m.1.jsonl").read_text().splitlines()[::2]] == [1, 2]
+    path.write_text('{"step": 7}\n')
+    JsonlTracker(path).close()
+    assert (tmp_path / "m.2.jsonl").read_text() == '{"step": 7}\n' and path.read_text() == ""
+
+
+def test_jsonl_resume_appends_without_rewriting_when_nothing_is_dropped(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n')
+    inode = path.stat().st_ino
+    tracker = JsonlTracker(path, resume_step=2)
+    tracker.log({}, 3)
+    tracker.close()
+    assert path.stat().st_ino == inode
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_jsonl_resume_killed_while_rewriting_loses_nothing(tmp_path, monkeypatch):
+    # The dropped steps are cut out in a temporary file renamed over the old one: a kill before
+    # the rename leaves the old file whole (the next resume drops the same steps again).
+    import os
+
+    path = tmp_path / "m.jsonl"
+    before = '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
+    path.write_text(before)
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        JsonlTracker(path, resume_step=1)
+    assert path.read_text() == before
+    monkeypatch.undo()
+    JsonlTracker(path, resume_step=1).close()
+    assert path.read_text() == '{"step": 1}\n'
 
 
 def test_missing_tracker_package_is_an_error_only_when_asked_for(fast_config, tmp_path, monkeypatch):
@@ -94,5 +132,10 @@ def test_training_with_exploding_rewards_aborts(fast_config, tmp_path, monkeypat
     module.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 3e38\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = fast_config(max_steps=5, reward_fn="huge_reward:compute_score", unfinished_score=None, max_nan_steps=2)
-    with pytest.raises(ExecutionError, match=r"step 2: the loss or gradient norm was not finite in 2 steps in a row \(actor/nan_skipped, critic/nan_skipped"):
+    # The run-time contract checks name the first op whose output is not finite: PPO's whitening of advantages.
+    with pytest.raises(ContractError, match=r"node 'whiten' \(op 'whiten'\), output 'advantages': declared finite but holds nan"):
         PPOTrainer(config=config).train()
+    # Without them, the updates skip the non-finite mini-batches until max_nan_steps of them in a row.
+    monkeypatch.setenv(contracts.ENV_VAR, "0")
+    with pytest.raises(ExecutionError, match=r"step 2: the loss or gradient norm was not finite in 2 steps in a row \(actor/nan_skipped, critic/nan_skipped"):
+        PPOTrainer(config=config.model_copy(update={"output_dir": str(tmp_path / "unchecked")})).train()
