@@ -76,7 +76,9 @@ class RoleWorker:
 
     def offload(self, role: str, items: Sequence[str]) -> None:
         self._move(role, items, torch.device("cpu"))
-        self._offloaded[role].update(items)
+        # the transformers rollout engine allocates its KV cache per generate call and frees it after: offloading
+        # it leaves nothing resident, and the role's other engines stay usable
+        self._offloaded[role].update(item for item in items if item != "kv_cache")
 
     def onload(self, role: str, items: Sequence[str]) -> None:
         self._offloaded[role].difference_update(items)

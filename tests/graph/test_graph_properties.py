@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import networkx as nx
 from hypothesis import HealthCheck, given, settings, strategies as st
+from json_edits import edit
 
 from hybridflow.errors import HybridflowError
 from hybridflow.graph import (
@@ -242,43 +243,8 @@ def test_random_corruptions_are_rejected_with_the_right_project_exception(progra
 
 # -- malformed JSON and text: read and validate, or a project exception ----------------------------
 
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-def _paths(value, prefix=()):
-    yield prefix
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, child in children:
-        yield from _paths(child, prefix + (key,))
-
-
-def _strings(value) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return [s for child in children for s in _strings(child)]
-
-
 def _mutate(doc, data):
-    path = data.draw(st.sampled_from([p for p in _paths(doc) if p]))
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    key, how = path[-1], data.draw(st.sampled_from(["delete", "replace", "swap_string", "duplicate"]))
-    if how == "delete":
-        del parent[key]
-    elif how == "replace":
-        parent[key] = data.draw(JSON_VALUES)
-    elif how == "swap_string":  # a plausible value from elsewhere in the document: a node name, a dtype, a dim ...
-        parent[key] = data.draw(st.sampled_from(_strings(doc) + ["B*2", "float32", "int64", "", "controller"]))
-    elif isinstance(parent, list):
-        parent.insert(key, json.loads(json.dumps(parent[key])))
-    else:
-        parent[key] = [parent[key], parent[key]]
+    edit(doc, data, ("B*2", "float32", "int64", "", "controller"))
 
 
 def _read_and_validate(read, source) -> None:

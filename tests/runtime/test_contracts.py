@@ -14,7 +14,8 @@ import torch
 
 import hybridflow as hf
 from hybridflow.algorithms import ALGORITHMS
-from hybridflow.compiler.local_plan import plan_local
+from hybridflow.compiler import compile_for
+from hybridflow.compiler.passes import BatchShape
 from hybridflow.errors import ContractError, HybridflowError
 from hybridflow.runtime import contracts
 from hybridflow.data import make_prompt_batch, make_tiny_model, make_tiny_tokenizer
@@ -28,6 +29,12 @@ from hybridflow_ops.rewards.arithmetic import compute_score
 
 torch.set_num_threads(1)
 TOKENIZER = make_tiny_tokenizer("arithmetic")
+
+
+def plan_local(graph):
+    """``graph`` compiled and bound for this machine, every role on the CPU."""
+    return compile_for(graph, "qwen2.5-0.5b", placement={r.name: "cpu" for r in graph.roles},
+                       batch=BatchShape(prompts=2, prompt_len=8, response_len=3))
 
 
 def _specs(graph, *, reward=compute_score):
