@@ -1,7 +1,7 @@
 """Run-time contract checks: a node whose output breaks its declaration is named at that node, not the next.
 
-The probe algorithm below runs a custom op ``t_baseline`` (declared ``baseline: float32[B]``)
-whose ``mode`` attribute makes it misbehave, and a second op ``t_adv_from_baseline`` that reads
+The probe algorithm below runs a custom op ``contract_baseline`` (declared ``baseline: float32[B]``)
+whose ``mode`` attribute makes it misbehave, and a second op ``contract_adv_from_baseline`` that reads
 its output: without the checks, a wrong baseline is either accepted silently (int64, NaN) or
 blamed on the second op ([B, R]).
 """
@@ -58,9 +58,9 @@ class Advantages(NamedTuple):
     advantages: torch.Tensor
 
 
-@hf.register_op("t_baseline", inputs=("scores: float32[B]", "response_mask: float32[B, R]"),
+@hf.register_op("contract_baseline", inputs=("scores: float32[B]", "response_mask: float32[B, R]"),
                 outputs=("baseline: float32[B]",), replace=True)
-def t_baseline(scores, response_mask, *, mode="ok"):
+def contract_baseline(scores, response_mask, *, mode="ok"):
     """The batch's mean score per response, (b,) -> (b,); ``mode`` breaks the declaration on purpose."""
     base = scores.mean().expand_as(scores).clone()
     if mode == "int64":
@@ -74,9 +74,9 @@ def t_baseline(scores, response_mask, *, mode="ok"):
     return Baseline(base)
 
 
-@hf.register_op("t_adv_from_baseline", inputs=("scores: float32[B]", "baseline: float32[B]", "response_mask: float32[B, R]"),
+@hf.register_op("contract_adv_from_baseline", inputs=("scores: float32[B]", "baseline: float32[B]", "response_mask: float32[B, R]"),
                 outputs=("advantages: float32[B, R]",), replace=True)
-def t_adv_from_baseline(scores, baseline, response_mask):
+def contract_adv_from_baseline(scores, baseline, response_mask):
     """(s - baseline) on every valid token; (b,), (b,), (b, r) -> (b, r)."""
     return Advantages((scores - baseline)[:, None] * response_mask)
 
@@ -85,8 +85,8 @@ def t_adv_from_baseline(scores, baseline, response_mask):
 def contract_probe(prompts, actor, reward, *, mode="ok"):
     rollout = actor.generate(prompts, n=2)
     scores = reward.score(rollout)
-    base = hf.compute("t_baseline", rollout, scores, mode=mode)
-    adv = hf.compute("t_adv_from_baseline", rollout, scores, base)
+    base = hf.compute("contract_baseline", rollout, scores, mode=mode)
+    adv = hf.compute("contract_adv_from_baseline", rollout, scores, base)
     actor.update(rollout, adv, actor.logprob(rollout), loss="ppo_clip")
 
 
@@ -97,7 +97,7 @@ def run_probe(mode: str):
 
 def test_the_probe_passes_when_the_op_keeps_its_declaration():
     result = run_probe("ok")
-    assert result.env["t_adv_from_baseline"]["advantages"].shape == result.env["actor.generate"]["response_mask"].shape
+    assert result.env["contract_adv_from_baseline"]["advantages"].shape == result.env["actor.generate"]["response_mask"].shape
 
 
 @pytest.mark.parametrize("mode, message", [
@@ -108,10 +108,10 @@ def test_the_probe_passes_when_the_op_keeps_its_declaration():
     ("bare", r"the op returned a tensor of shape \[4\]; it must return a tuple .* starts with its declared output\(s\) baseline"),
 ])
 def test_a_broken_declaration_is_named_at_the_op_that_broke_it(mode, message):
-    with pytest.raises(ContractError, match=r"node 't_baseline' \(op 't_baseline'\)") as caught:
+    with pytest.raises(ContractError, match=r"node 'contract_baseline' \(op 'contract_baseline'\)") as caught:
         run_probe(mode)
     assert caught.match(message)
-    assert caught.value.node == "t_baseline" and caught.value.op == "t_baseline"
+    assert caught.value.node == "contract_baseline" and caught.value.op == "contract_baseline"
 
 
 def test_the_switch_and_the_environment_variable_turn_the_checks_off(monkeypatch):
