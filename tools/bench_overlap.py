@@ -44,13 +44,14 @@ def plans(graph):
 
 
 def run_config(staleness: int, model_dir, out, args) -> tuple[list[float], float, float]:
-    """``hybridflow run``'s path: the grpo_arith config with placement=split executor=ray staleness=K; returns
-    the step times after warm-up and (staleness 0) the median generation and rest-of-step times."""
+    """``hybridflow run``'s path: the grpo_arith config with a rollout pool of its own
+    (``placement=actor@1;actor.generate@1``, as ``split`` gives with staleness 1), ``executor=ray``, ``staleness=K``;
+    returns the step times after warm-up and (staleness 0) the median generation and rest-of-step times."""
     from hybridflow.trainer import Trainer
     from hybridflow.trainer.config_files import load_run_config
 
     _, config = load_run_config("examples/configs/grpo_arith.yaml", [
-        "algorithm=grpo_is", f"actor_model_name={model_dir}", "placement=split", "executor=ray", f"staleness={staleness}",
+        "algorithm=grpo_is", f"actor_model_name={model_dir}", "placement=actor@1;actor.generate@1", "executor=ray", f"staleness={staleness}",
         "cpu_slots=2", f"max_steps={args.warmup + args.steps}", f"rollout_batch_size={args.prompts}", "n_samples=4",
         f"max_response_length={args.new_tokens}", "eval_freq=0", "save_freq=0", "trackers=[console]", "log_every=1000",
         "progress_bar=false", f"output_dir={out / f'stale{staleness}'}", "stop_at_val_score=null"])
@@ -59,7 +60,8 @@ def run_config(staleness: int, model_dir, out, args) -> tuple[list[float], float
         history = trainer.train()
         g, t = split_times(trainer.executor, args.warmup)
     finally:
-        trainer.executor.shutdown()
+        if trainer.executor is not None:
+            trainer.executor.shutdown()
     return [m["timing_s/step"] for m in history[args.warmup:]], g, t
 
 
@@ -118,7 +120,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--from-config", action="store_true",
-                        help="train from examples/configs/grpo_arith.yaml (placement=split executor=ray staleness=0|1), "
+                        help="train from examples/configs/grpo_arith.yaml (a rollout pool of its own, executor=ray, staleness=0|1), "
                              "as 'hybridflow run' does, instead of driving the executor directly")
     args = parser.parse_args()
     torch.set_num_threads(1)
