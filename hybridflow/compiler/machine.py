@@ -12,7 +12,9 @@ The compiler places roles on abstract device slots (``n0.d3``: node 0, device
   of ``slots`` devices; a CPU slot gets its share of the cores and memory);
 * :func:`bind` maps the plan's slots to the machine's devices — ``n0.dK`` to
   ``cuda:K`` or to CPU slot K, a device map's ``cuda:N`` / ``cpu`` to itself —
-  and says which pool needs what the machine lacks (:class:`BindError`).
+  and says which pool needs what the machine lacks (:class:`BindError`); on
+  Ray it also records which Ray node each plan node ``nK`` is
+  (``plan.nodes``), and the executor reserves each pool's bundles there.
 
 Executors accept only bound plans (``plan.machine`` is set). A bound pool keeps
 the compiled slot names in :attr:`~.plan.PoolPlan.slots`, for drawings and errors.
@@ -28,7 +30,7 @@ from ..errors import BindError, PlacementError
 from .cluster import CLUSTER_PRESETS, ClusterSpec, detect_local_cpu
 from .plan import ExecutionPlan, verify_plan
 
-__all__ = ["Machine", "BindError", "local_machine", "ray_machine", "default_cpu_slots", "bind", "compile_for"]
+__all__ = ["Machine", "BindError", "local_machine", "ray_machine", "default_cpu_slots", "bind", "compile_for", "plan_node"]
 
 _SLOT = re.compile(r"^n(\d+)\.d(\d+)$")
 _CUDA = re.compile(r"^cuda:(\d+)$")
@@ -46,6 +48,8 @@ class Machine:
     """torch threads of each CPU slot (None on CUDA)."""
     where: Literal["local", "ray"] = "local"
     gpu_name: str = ""
+    node_addresses: tuple[str, ...] = ()
+    """On Ray: the address of the Ray node that plan node ``nK`` binds to, for each K (empty: any node)."""
 
     def device(self, node: int, index: int) -> str:
         """The torch device of slot ``index`` of node ``node`` (``cuda:K`` or ``cpu``)."""
@@ -130,14 +134,18 @@ def ray_machine(cpu_slots: int | None = None) -> Machine:
     4) sharing its CPUs but one."""
     import ray
 
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    gpu_nodes = [int(n["Resources"].get("GPU", 0)) for n in alive if n["Resources"].get("GPU", 0) >= 1]
+    alive = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n.get("NodeManagerAddress", ""))
+    gpu_nodes = [n for n in alive if n["Resources"].get("GPU", 0) >= 1]
     if gpu_nodes:
-        return Machine("cuda", min(gpu_nodes), nodes=len(gpu_nodes), where="ray")
-    cpus = int(ray.cluster_resources().get("CPU", 1))
+        return Machine("cuda", min(int(n["Resources"]["GPU"]) for n in gpu_nodes), nodes=len(gpu_nodes), where="ray",
+                       node_addresses=tuple(n["NodeManagerAddress"] for n in gpu_nodes))
+    # CPU clusters: the slots of one node, the one with the most CPUs
+    node = max(alive, key=lambda n: n["Resources"].get("CPU", 0))
+    cpus = int(node["Resources"].get("CPU", 1))
     slots = cpu_slots or max(1, min(4, cpus - 1))
     # one CPU is left for the host pools of rule rewards and costs (half a CPU each)
-    return Machine("cpu", slots, threads_per_slot=max(1, (cpus - 1) // slots), where="ray")
+    return Machine("cpu", slots, threads_per_slot=max(1, (cpus - 1) // slots), where="ray",
+                   node_addresses=(node["NodeManagerAddress"],))
 
 
 def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
@@ -161,9 +169,16 @@ def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
         raise BindError(f"the plan (compiled for {plan.cluster}) does not fit {machine.describe()}: " + "; ".join(problems)
                         + ". Compile for this machine (hybridflow compile --cluster local, or placement=... in the "
                         "config) or run it where those devices exist")
-    bound = plan.model_copy(update={"pools": tuple(pools), "machine": machine.describe()})
+    bound = plan.model_copy(update={"pools": tuple(pools), "machine": machine.describe(),
+                                    "nodes": machine.node_addresses})
     verify_plan(bound, after="bind")
     return bound
+
+
+def plan_node(slot: str) -> int | None:
+    """The plan node K of a slot name ``nK.dM``; None for a named device (``cpu``, ``cuda:1``)."""
+    match = _SLOT.match(slot)
+    return int(match.group(1)) if match else None
 
 
 def compile_for(graph, models, *, machine: Machine | None = None, placement="colocate", staleness: int = 0,

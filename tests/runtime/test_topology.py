@@ -61,3 +61,21 @@ def test_bundles_and_backends():
     topo = topology(compiled(graph, "colocate", 2), {"actor": "policy", "reward": "reward"})
     devices = {"pool0/rank0": "cuda:0", "pool0/rank1": "cuda:0", "host/rank0": "cpu"}
     assert group_backend((0, 1), topo, devices) == "nccl" and group_backend((0, 2), topo, devices) == "gloo"
+
+
+def test_pools_on_one_plan_node_are_packed_on_its_ray_node():
+    from hybridflow.compiler import Machine, compile_for
+    from hybridflow.runtime.ray.cluster import NODE_MARK, pool_groups
+
+    graph = ALGORITHMS["grpo"].build(kl_loss=False)
+    machine = Machine("cuda", 2, nodes=2, where="ray", node_addresses=("10.0.0.1", "10.0.0.2"))
+    plan = compile_for(graph, "qwen2.5-0.5b", machine=machine, placement="actor@2;actor.generate@2", batch=SMALL)
+    assert plan.nodes == ("10.0.0.1", "10.0.0.2")
+    assert [p.slots for p in plan.pools] == [("n0.d0", "n0.d1"), ("n1.d0", "n1.d1"), ("cpu",)]
+    groups = pool_groups(plan, "GPU", 1.0)
+    assert groups["pool0"] == ({"CPU": 1.0, "GPU": 1.0, "node:10.0.0.1": NODE_MARK}, "STRICT_PACK")
+    assert groups["pool1"] == ({"CPU": 1.0, "GPU": 1.0, "node:10.0.0.2": NODE_MARK}, "STRICT_PACK")
+    assert groups["host"] == ({"CPU": 0.5}, "PACK")  # the rule reward goes wherever there is room
+    # bound without node addresses (a local machine): no node constraint
+    local = compile_for(graph, "qwen2.5-0.5b", machine=Machine("cuda", 4), placement="actor@2;actor.generate@2", batch=SMALL)
+    assert {strategy for _, strategy in pool_groups(local, "GPU", 1.0).values()} == {"PACK"}

@@ -21,7 +21,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ...compiler.plan import ExecutionPlan
 from ...errors import PlacementError
 
-__all__ = ["connect", "PoolReservation", "reserve_pools", "release_pools", "free_port", "DeviceResource"]
+__all__ = ["connect", "PoolReservation", "pool_groups", "reserve_pools", "release_pools", "free_port", "DeviceResource"]
 
 DeviceResource = Literal["auto", "GPU", "CPU"]
 
@@ -79,17 +79,47 @@ def pool_bundle(devices: tuple[str, ...], resource: str, cpus_per_worker: float,
     return {"CPU": cpus_per_worker}
 
 
-def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpus_per_worker: float = 1.0,
-                  timeout_s: float = 120.0) -> PoolReservation:
-    """One PACKed placement group per pool, one bundle per device; PlacementError when Ray cannot place one."""
-    kind = _device_resource(resource)
+NODE_MARK = 0.001
+"""How much of Ray's per-node resource ``node:<address>`` a bundle asks for, to land on that node."""
+
+
+def pool_groups(plan: ExecutionPlan, kind: str, cpus_per_worker: float) -> dict[str, tuple[dict[str, float], str]]:
+    """Pool name -> (the bundle of each of its slots, placement strategy).
+
+    A plan bound to a Ray cluster (``plan.nodes``: the Ray node address of each plan node ``nK``) puts a pool whose
+    slots are all on plan node K on Ray node K: its bundles ask for a sliver of ``node:<address K>`` and the group is
+    STRICT_PACKed there. Other pools (host pools, pools spanning nodes, plans bound without node addresses) are PACKed
+    wherever Ray finds room.
+    """
+    from ...compiler.machine import plan_node
     from ...compiler.passes.placement import HOST
 
-    bundles = {pool.name: pool_bundle(pool.devices, kind, cpus_per_worker, host=pool.name.split("_")[0] == HOST)
-               for pool in plan.pools}
+    found = {}
+    for pool in plan.pools:
+        bundle = pool_bundle(pool.devices, kind, cpus_per_worker, host=pool.name.split("_")[0] == HOST)
+        nodes = {plan_node(slot) for slot in pool.slots}
+        strategy = "PACK"
+        if plan.nodes and len(nodes) == 1 and None not in nodes:
+            (node,) = nodes
+            if node >= len(plan.nodes):
+                raise PlacementError(f"pool {pool.name!r} is on plan node n{node}, but the plan is bound to "
+                                     f"{len(plan.nodes)} Ray node(s)")
+            bundle = {**bundle, f"node:{plan.nodes[node]}": NODE_MARK}
+            strategy = "STRICT_PACK"
+        found[pool.name] = (bundle, strategy)
+    return found
+
+
+def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpus_per_worker: float = 1.0,
+                  timeout_s: float = 120.0) -> PoolReservation:
+    """One placement group per pool (:func:`pool_groups`), one bundle per device; PlacementError when Ray cannot
+    place one."""
+    layout = pool_groups(plan, _device_resource(resource), cpus_per_worker)
+    bundles = {name: bundle for name, (bundle, _) in layout.items()}
     groups: dict[str, PlacementGroup] = {}
     for pool in plan.pools:
-        groups[pool.name] = placement_group([dict(bundles[pool.name]) for _ in pool.devices], strategy="PACK",
+        bundle, strategy = layout[pool.name]
+        groups[pool.name] = placement_group([dict(bundle) for _ in pool.devices], strategy=strategy,
                                             name=f"hybridflow:{pool.name}")
     ready, _ = ray.wait([g.ready() for g in groups.values()], num_returns=len(groups), timeout=timeout_s)
     if len(ready) < len(groups):
