@@ -26,6 +26,7 @@ run where the plan puts them; nothing is re-decided here.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -138,7 +139,7 @@ OP_SUBMITTERS: dict[str, Callable[["PlanExecutor", PlanOp, IterationState], InFl
 """Plan op kind -> how it is sent to its slots (the one op-kind table of the runtime)."""
 
 
-class PlanExecutor:
+class PlanExecutor(ABC):
     """The run loop over a bound plan (module docstring); subclasses provide the slots and the transport."""
 
     overlaps = False
@@ -169,21 +170,21 @@ class PlanExecutor:
         self._ahead: Stream | None = None
 
     # -- the transport (subclasses) ------------------------------------------------------------
+    @abstractmethod
     def _send(self, slot: Slot, method: str, *args) -> Any:
         """Start ``slot.method(*args)``; returns a handle for :meth:`_wait` / :meth:`_fetch`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _wait(self, refs: list, timeout: float) -> None:
         """Block until one of ``refs`` is ready or ``timeout`` seconds passed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _ready(self, refs: list) -> list[bool]:
         """Which of ``refs`` are ready, without blocking."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
         """The (value, (start, end)) of a ready ref; a slot's failure as a project error naming ``what``."""
-        raise NotImplementedError
 
     def _check_running(self) -> None:
         """Raise when the workers are gone (RayExecutor after shutdown)."""
