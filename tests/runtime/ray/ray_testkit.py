@@ -72,13 +72,18 @@ def compiled_plan(graph, placement, slots: int, *, staleness: int = 0) -> Execut
 
 def placement_plan(graph, name: str) -> ExecutionPlan:
     """The ``colocate`` (every model role on one pool of 2 devices), ``split`` (the policy side and the rest on a
-    device each; for a graph without a critic, actor and ref apart) or ``standalone`` (a device per model role) plan."""
+    device each; for a graph without a critic, actor and ref apart), ``standalone`` (a device per model role),
+    ``auto`` (the search's, on 2 devices) or ``device_map`` (actor on cuda:0, the other models on cuda:1) plan."""
     model_roles = [r.name for r in graph.roles if r.kind not in ("reward", "cost")]
     if name == "colocate":
         return compiled_plan(graph, "colocate", 2)
     if name == "split":
         critic = any(r.kind == "critic" for r in graph.roles)
         return compiled_plan(graph, "split" if critic else "actor@1;ref@1", 2)
+    if name == "auto":  # the search's choice on two devices
+        return compiled_plan(graph, "auto", 2)
+    if name == "device_map":  # the seed article's form: the policy on one GPU, the other models on another
+        return compiled_plan(graph, {r: "cuda:0" if r == "actor" else "cuda:1" for r in model_roles}, 2)
     return compiled_plan(graph, "standalone", len(model_roles))
 
 

@@ -36,10 +36,20 @@ def _finite_outputs(graph, result):
 @pytest.mark.parametrize("placement", ["colocate", "split", "standalone"])
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_three_steps_on_each_placement(ray_cluster, algorithm, placement):
+    _three_steps(algorithm, placement)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("placement", ["auto", "device_map"])
+def test_three_steps_with_auto_and_a_device_map(ray_cluster, placement):
+    _three_steps("ppo", placement)
+
+
+def _three_steps(algorithm, placement):
     graph = _graph(algorithm)
     plan = placement_plan(graph, placement)
     local = None
-    if placement != "colocate":  # the same placement on this process's CPU
+    if plan.placement("actor").layout.dp == 1:  # one device per pool: the same math as on this process's CPU
         from ray_testkit import BATCH, TINY
 
         local = LocalExecutor(compile_for(graph, TINY, machine=local_machine(), placement={r.name: "cpu" for r in graph.roles},
