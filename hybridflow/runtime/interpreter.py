@@ -232,8 +232,8 @@ class PlanExecutor(ABC):
         self.graph = plan.graph_ir()
         self.recorder = SpanRecorder()
         self.recorder.origin = saved_recorder.origin
-        self._check_inputs(inputs)
         try:
+            self._check_inputs(inputs)
             stream = Stream(list(plan.ops), IterationState(env=dict(inputs)), self.iteration)
             self._drive([stream], stream)
         finally:
