@@ -63,7 +63,7 @@ def _apply_workload_preset(args: argparse.Namespace) -> None:
 
     preset = workload_preset(args.workload)
     for arg, value in (("prompts", preset.prompts), ("prompt_len", preset.prompt_len), ("response_len", preset.response_len),
-                       ("epochs", preset.ppo_epochs), ("mini_batches", preset.mini_batches)):
+                       ("epochs", preset.epochs), ("mini_batches", preset.mini_batches)):
         if getattr(args, arg) is None:
             setattr(args, arg, value)
 

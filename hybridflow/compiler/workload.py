@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from .engine import DEFAULT_ENGINE, check_engines
 from .models import ModelSpec
 
-__all__ = ["STAGES", "GenerationWork", "RoleWork", "Workload", "WorkloadPreset", "WORKLOAD_PRESETS", "workload_preset",
+__all__ = ["STAGES", "GenerationWork", "RoleWork", "Workload", "BatchShape", "WorkloadPreset", "WORKLOAD_PRESETS", "workload_preset",
            "ppo_workload", "grpo_workload", "paper_workload"]
 
 STAGES = ("generate", "infer", "train")
@@ -151,16 +151,21 @@ def grpo_workload(actor: ModelSpec | str, ref: ModelSpec | str | None = None, *,
         generation=GenerationWork(prompts=prompts, prompt_len=prompt_len, response_len=response_len, samples=samples))
 
 
-class WorkloadPreset(BaseModel):
-    """A PPO batch shape with the source it is taken from."""
+class BatchShape(BaseModel):
+    """The rollout batch and the update schedule of one iteration (the paper's workload by default, §8.1)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    prompts: int = Field(ge=1, description="Prompts per iteration.")
-    prompt_len: int = Field(ge=1, description="Tokens per prompt.")
-    response_len: int = Field(ge=1, description="Tokens per response.")
-    ppo_epochs: int = Field(default=1, ge=1, description="PPO epochs over the batch.")
-    mini_batches: int = Field(ge=1, description="Optimizer steps (update iterations) per PPO epoch.")
+    prompts: int = Field(1024, ge=1, description="Prompts per iteration (global batch).")
+    prompt_len: int = Field(1024, ge=1, description="Tokens per prompt (padded length).")
+    response_len: int = Field(1024, ge=1, description="Tokens generated per response.")
+    epochs: int = Field(1, ge=1, description="Passes of every update node over the batch (PPO epochs).")
+    mini_batches: int = Field(4, ge=1, description="Optimizer steps per epoch (batch / mini-batch size).")
+
+
+class WorkloadPreset(BatchShape):
+    """A batch shape with the source it is taken from."""
+
     source: str = Field(description="Where these numbers come from.")
 
 
@@ -189,4 +194,4 @@ def paper_workload(model: ModelSpec | str, preset: str = "default") -> Workload:
     """PPO with four roles of ``model`` on a :data:`WORKLOAD_PRESETS` batch (``default``: 1024 prompts of 1024 tokens, 1024-token responses, 4 mini-batches)."""
     p = workload_preset(preset)
     return ppo_workload(model, prompts=p.prompts, prompt_len=p.prompt_len, response_len=p.response_len,
-                        ppo_epochs=p.ppo_epochs, mini_batches=p.mini_batches)
+                        ppo_epochs=p.epochs, mini_batches=p.mini_batches)

@@ -11,27 +11,14 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from ...graph import Graph
 from ..cluster import ClusterSpec
 from ..cost import CostOptions
 from ..models import ModelSpec
-from ..workload import Workload
+from ..workload import BatchShape, Workload
 
-__all__ = ["BatchShape", "CompileContext"]
-
-
-class BatchShape(BaseModel):
-    """The rollout batch and the update schedule of one iteration (the paper's workload by default, §8.1)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    prompts: int = Field(1024, ge=1, description="Prompts per iteration (global batch).")
-    prompt_len: int = Field(1024, ge=1, description="Tokens per prompt (padded length).")
-    response_len: int = Field(1024, ge=1, description="Tokens generated per response.")
-    epochs: int = Field(1, ge=1, description="Passes of every update node over the batch (PPO epochs).")
-    mini_batches: int = Field(4, ge=1, description="Optimizer steps per epoch (batch / mini-batch size).")
+__all__ = ["BatchShape", "CompileContext"]  # BatchShape is defined in ..workload, beside the presets
 
 
 @dataclass(frozen=True, eq=False)
