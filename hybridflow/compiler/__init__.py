@@ -11,7 +11,7 @@ Main entry points (each module's docstring has the formulas and sources):
   :func:`manual_placement`, :func:`placement_from_device_map` (:mod:`.placement`);
 - :func:`hybrid_engine_groups`, :func:`hybrid_engine_figures`, :func:`cross_pool_sync` (:mod:`.reshard`);
 - :func:`simulate_table` (:mod:`.simulate`);
-- the passes (:mod:`.passes`: lower, placement, reshard, offload, schedule) and
+- the passes (:mod:`.passes`: lower, placement, reuse, reshard, offload, schedule) and
   ``compile(graph, cluster, models, placement=..., staleness=...)`` in
   :mod:`.compile` (also ``hybridflow.compile``); it is not re-exported here, so
   that the name keeps meaning the module;

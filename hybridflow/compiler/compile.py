@@ -1,7 +1,7 @@
 """``compile(graph, cluster, models)``: run the compiler passes and return the ExecutionPlan.
 
 The pass manager (:func:`run_pipeline`) runs :data:`~hybridflow.compiler.passes.PIPELINE`
-— lower, placement, reshard, offload, schedule — threading the plan through
+— lower, placement, reuse, reshard, offload, schedule — threading the plan through
 pure passes. In debug mode (``debug=True`` or ``HYBRIDFLOW_DEBUG=1``) it runs
 :func:`~hybridflow.compiler.plan.verify_plan` after every pass, so an invariant
 broken by a pass is reported with the pass's name; the final plan is always

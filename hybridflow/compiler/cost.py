@@ -88,6 +88,7 @@ class CostOptions(BaseModel):
     data_parallel_only: bool = Field(default=False, description="The engines that will run the plan shard models by data parallelism only (FSDP2, as hybridflow's runtime does today): layouts with tensor or pipeline parallelism are not candidates. Off for studies of the paper's systems.")
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
     shared_prefill: bool = Field(default=False, description="The rollout engine prefills each prompt once and copies its KV cache to the prompt's n samples (hybridflow's HF engine does); False: every sequence is prefilled.")
+    reuse_rollout_log_probs: bool = Field(default=False, description="A policy's logprob node is served from its rollout's log-probs where the rollout engine shares the train engine's module and precision (compiler pass 'reuse'); on only when both compute in fp32, which the compiler cannot see (the trainer turns it on for CPU runs).")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 

@@ -92,6 +92,7 @@ class PlanOp(_Frozen):
     target_pool: str | None = Field(None, description="weight_sync across pools: the pool that receives the weights (None: within the op's pool).")
     rank_groups: tuple[tuple[int, ...], ...] = Field((), description="weight_sync within a pool: the micro-DP groups (pool-local ranks) that all-gather together (HybridFlow §5).")
     note: str = Field("", description="Free text shown in drawings (e.g. 'hybrid engine: micro-dp groups of 2').")
+    reuse: str | None = Field(None, description="logprob node ops: served on the controller from this generate node's rollout log-probs (the same module and precision sampled them; compiler pass 'reuse'), with no forward pass.")
 
 
 class ExecutionPlan(_Frozen):
@@ -187,6 +188,8 @@ def _op_line(op: PlanOp) -> str:
     what = op.node if op.kind == "node" else op.kind + (f"({', '.join(op.items)})" if op.items else "")
     where = (op.pool or "controller") + (f"->{op.target_pool}" if op.target_pool else "")
     line = f"op {op.name}: {what} on {op.role}@{where}  t={op.predicted_start_s:.4g}..{op.predicted_end_s:.4g}s"
+    if op.reuse:
+        line += f"  from {op.reuse}'s rollout"
     if op.deps:
         line += f"  after {', '.join(op.deps)}"
     if op.iteration_offset:
@@ -269,11 +272,24 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
             node_ops[op.node] = op.name
             if graph.node(op.node).role != op.role:
                 fail(f"op {op.name!r} runs node {op.node!r} on role {op.role!r}, but the node's role is {graph.node(op.node).role!r}")
+            if op.reuse is not None:
+                _check_reuse(graph, op, fail)
         seen[op.name] = op
     missing = [n.name for n in graph.nodes if n.name not in node_ops]
     if missing:
         fail(f"graph nodes {missing} are run by no op")
     _check_edges(graph, plan, node_ops, fail)
+
+
+def _check_reuse(graph, op: PlanOp, fail) -> None:
+    """A reused logprob op: a logprob node, on the controller, reading the rollout of a generate node of its role."""
+    node = graph.node(op.node)
+    source = next((i.source for i in node.inputs if i.name == "response_mask"), None)
+    if node.kind != "infer" or node.op != "logprob" or op.pool is not None:
+        fail(f"op {op.name!r} reuses rollout log-probs but is not a logprob node on the controller")
+    if source != op.reuse or graph.node(op.reuse).kind != "generate" or graph.node(op.reuse).role != op.role:
+        fail(f"op {op.name!r} reuses the log-probs of {op.reuse!r}, which is not the generate node of role "
+             f"{op.role!r} that its responses come from ({source!r})")
 
 
 def _check_op_resources(op: PlanOp, pools: dict[str, PoolPlan], fail) -> None:

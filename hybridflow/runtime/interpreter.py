@@ -35,7 +35,7 @@ from ..errors import ExecutionError, HybridflowError, PlanError
 from ..graph import CONTROLLER
 from .batch import Batch
 from .dispatch import merge_results, split_for_ranks
-from .node_calls import node_call, node_output, run_compute
+from .node_calls import node_call, node_output, reused_log_probs, run_compute
 from .roles import RoleSpec
 from .spans import Span, SpanRecorder
 from .topology import Slot, Topology, sync_group, topology
@@ -297,7 +297,11 @@ class PlanExecutor(ABC):
         with self.recorder.record(op=op.name, node=op.node, kind=node.kind, role=op.role, device=CONTROLLER,
                                   iteration=stream.iteration):
             try:
-                stream.state.env[node.name] = run_compute(node, stream.state.env)
+                if op.reuse:
+                    log_probs = reused_log_probs(stream.state.env, op.reuse)
+                    stream.state.env[node.name] = node_output(node, log_probs, stream.state.metrics)
+                else:
+                    stream.state.env[node.name] = run_compute(node, stream.state.env)
             except HybridflowError:
                 raise
             except Exception as err:

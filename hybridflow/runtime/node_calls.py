@@ -37,8 +37,8 @@ from ..graph import Node
 from . import contracts
 from .batch import Batch
 
-__all__ = ["SEQUENCE_FIELDS", "WorkerCall", "gather", "node_call", "node_output", "run_compute", "CALL_BUILDERS",
-           "OUTPUT_READERS"]
+__all__ = ["SEQUENCE_FIELDS", "WorkerCall", "gather", "node_call", "node_output", "run_compute", "reused_log_probs",
+           "CALL_BUILDERS", "OUTPUT_READERS"]
 
 SEQUENCE_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
@@ -149,6 +149,15 @@ def node_output(node: Node, result: Any, metrics: dict[str, float]) -> Batch:
     if contracts.enabled():
         contracts.check_node_output(node, output, metrics)
     return output
+
+
+def reused_log_probs(env: Mapping[str, Batch], rollout: str) -> torch.Tensor:
+    """What a logprob node served from generate node ``rollout`` returns (plan op ``reuse``; compiler pass
+    'reuse'): the rollout's log-probs, 0 at padding, as the train engine's ``compute_log_probs`` gives them."""
+    from hybridflow_ops import old_log_probs_from_rollout
+
+    produced = env[rollout]
+    return old_log_probs_from_rollout(produced["rollout_log_probs"], produced["response_mask"]).old_log_probs
 
 
 def run_compute(node: Node, env: Mapping[str, Batch]) -> Batch:

@@ -102,7 +102,8 @@ class PPOConfig(BaseModel):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field("token-mean", description="How per-token losses become one number.")
-    recompute_old_log_probs: bool = Field(True, description="GRPO: recompute PPO's old log-probs with the train engine (True) or take the rollout engine's (False: one forward less per step; exact on-policy with the transformers rollout engine).")
+    recompute_old_log_probs: bool = Field(True, description="GRPO: PPO's old log-probs from an actor logprob node (True; served from the rollout where reuse_rollout_log_probs applies) or always from the rollout engine (False: one forward less per step; exact on-policy with the transformers rollout engine).")
+    reuse_rollout_log_probs: bool = Field(True, description="Let the compiler serve the actor's logprob node from its rollout's log-probs where they are provably the same numbers (the rollout engine shares the train engine's module on one device, fp32: CPU runs, staleness 0; compiler pass 'reuse'): one actor forward less per step. False: always recompute.")
     norm_by_std: bool = Field(True, description="GRPO: divide group advantages by the group std (False: Dr.GRPO).")
     # -- cost constraint (Safe-RLHF) --------------------------------------------
     cost_fn: str | None = Field(None, description="Safe-RLHF: rule cost `module:function` with the signature compute_score(data_source, solution_str, ground_truth, extra_info=None), returning the response's cost (higher: less safe). A run with a cost role needs this or cost_model_name.")

@@ -128,12 +128,15 @@ def batch_shape(trainer: "Trainer") -> BatchShape:
                       mini_batches=math.ceil(_responses(trainer) / (cfg.batch_size or _responses(trainer))))
 
 
-def cost_options(trainer: "Trainer") -> CostOptions:
-    """The cost model's view of hybridflow's engines at this config's micro-batches; data parallelism only."""
+def cost_options(trainer: "Trainer", machine: Machine | None = None) -> CostOptions:
+    """The cost model's view of hybridflow's engines at this config's micro-batches; data parallelism only; on a
+    CPU ``machine`` (fp32 engines) logprob nodes may be served from the rollout (``reuse_rollout_log_probs``)."""
     cfg, responses = trainer.config, _responses(trainer)
     options = engine_cost_options(train_micro_batch=cfg.micro_batch_size or cfg.batch_size or responses,
                                   infer_micro_batch=cfg.micro_batch_size or responses)
-    return options.model_copy(update={"data_parallel_only": True})
+    fp32 = machine is not None and machine.kind == "cpu"  # TrainEngineConfig.precision 'auto': bf16 autocast on CUDA
+    return options.model_copy(update={"data_parallel_only": True,
+                                      "reuse_rollout_log_probs": fp32 and cfg.reuse_rollout_log_probs})
 
 
 def run_cluster(trainer: "Trainer", machine: Machine) -> ClusterSpec:
@@ -213,7 +216,7 @@ def plan_for_run(trainer: "Trainer", machine: Machine) -> ExecutionPlan:
     models = model_specs(trainer)
     report = compile_report(trainer.graph, run_cluster(trainer, machine), models,
                             placement=placement_request(trainer, machine), staleness=cfg.staleness,
-                            batch=batch_shape(trainer), options=cost_options(trainer))
+                            batch=batch_shape(trainer), options=cost_options(trainer, machine))
     log.info("compiled %s for %s in %.2f s: %s, predicted %.3g s per step", trainer.graph.name, machine.describe(),
              report.seconds, report.plan.strategy, report.plan.predicted_iteration_s or 0.0)
     return bind(report.plan, machine)

@@ -19,7 +19,7 @@ def test_compile_writes_a_verified_plan_and_prints_the_search_time(tmp_path, cap
     plan = ExecutionPlan.from_json(out.read_text())
     verify_plan(plan)
     assert plan.strategy == "auto" and plan.cluster == "a100-80g:2"
-    assert len(list((tmp_path / "ir").iterdir())) == 5 * 8  # five passes for each of the eight scheduled candidates
+    assert len(list((tmp_path / "ir").iterdir())) == 6 * 8  # six passes for each of the eight scheduled candidates
 
 
 def test_compile_fixed_manual_and_graph_files(tmp_path, capsys):

@@ -134,7 +134,7 @@ NODE_COSTS: dict[str, Callable[[PlanView, PlanOp, Node], CostRecord]] = {
 def _node(view: PlanView, op: PlanOp) -> CostRecord:
     """The node's cost rule, plus the cluster's fixed ``op_overhead_s`` and the pool's other resident states."""
     node = view.nodes[op.node]
-    record = NODE_COSTS[node.kind](view, op, node)
+    record = (_compute if op.reuse else NODE_COSTS[node.kind])(view, op, node)
     time_s = record.time_s + view.ctx.cluster.op_overhead_s
     extra = 0.0 if node.kind == "generate" or op.pool is None else view.others(op.role, op.pool)
     return CostRecord(record.kind, time_s, record.peak_memory_bytes + extra, record.parts, record.problem)
