@@ -8,6 +8,7 @@ in the last column and generation appends to the right for all rows at once::
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,21 +45,29 @@ def tokenize_prompts(
     max_prompt_length: int | None = None,
     apply_chat_template: bool = False,
     truncate: bool = False,
+    cache: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``(prompt_ids, prompt_mask)``, both int64 ``[B, P]`` with ``P`` the longest prompt.
 
     Plain prompts get the tokenizer's special tokens (e.g. ``<bos>``); chat-template text
     is encoded as it is, since the template writes its own. A prompt longer than
     ``max_prompt_length`` raises :class:`DataError`, or with ``truncate=True`` keeps its
-    last ``max_prompt_length`` tokens.
+    last ``max_prompt_length`` tokens. ``cache`` (a dict kept by the caller, for one
+    tokenizer) holds each prompt's token ids, so that a dataset seen epoch after epoch is
+    tokenised once.
     """
     if tokenizer.pad_token_id is None:
         raise DataError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token).")
     encoded: list[list[int]] = []
     for i, prompt in enumerate(prompts):
-        templated = apply_chat_template or not isinstance(prompt, str)
-        text = prompt_text(tokenizer, prompt, apply_chat_template=apply_chat_template)
-        ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+        key = (prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True), apply_chat_template)
+        ids = cache.get(key) if cache is not None else None
+        if ids is None:
+            templated = apply_chat_template or not isinstance(prompt, str)
+            text = prompt_text(tokenizer, prompt, apply_chat_template=apply_chat_template)
+            ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+            if cache is not None:
+                cache[key] = ids
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             if not truncate:
                 raise DataError(f"prompt {i} is {len(ids)} tokens, longer than max_prompt_length={max_prompt_length}; "
@@ -83,16 +92,17 @@ def make_prompt_batch(
     apply_chat_template: bool = False,
     truncate: bool = False,
     meta: Mapping[str, Any] | None = None,
+    cache: dict | None = None,
 ) -> Batch:
     """A Batch of ``prompt_ids``/``prompt_mask`` tensors and the rows' ``prompt``, ``ground_truth``,
-    ``data_source``, ``extra_info`` columns, ready for the rollout engine."""
+    ``data_source``, ``extra_info`` columns, ready for the rollout engine (``cache``: see :func:`tokenize_prompts`)."""
     for i, row in enumerate(rows):
         for column in ("prompt", "ground_truth", "data_source"):
             if column not in row:
                 raise DataError(f"row {i} has no column {column!r}; columns found: {sorted(row)}.")
     prompt_ids, prompt_mask = tokenize_prompts(
         tokenizer, [row["prompt"] for row in rows], max_prompt_length=max_prompt_length,
-        apply_chat_template=apply_chat_template, truncate=truncate,
+        apply_chat_template=apply_chat_template, truncate=truncate, cache=cache,
     )
     columns = {
         "prompt": [row["prompt"] for row in rows],

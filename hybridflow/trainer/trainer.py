@@ -79,8 +79,10 @@ class Trainer:
         self._saved_step = 0
         self._lock = RunLock(self.output_dir)
         self._ahead: tuple[list[dict], Any] | None = None
-        self._validation_plan = None
         """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
+        self._validation_plan = None
+        self._prompt_tokens: dict = {}
+        """Token ids of every prompt seen (the dataset is tokenised once, not every epoch)."""
 
     # -- wiring ------------------------------------------------------------------------
     def set_reward_model(self, reward: Any) -> None:
@@ -323,7 +325,7 @@ class Trainer:
         if self._ahead is not None and self._ahead[0] is rows:
             return self._ahead[1]  # the very batch the executor is generating for
         return make_prompt_batch(rows, self.tokenizer, max_prompt_length=self.config.max_prompt_length,
-                                 apply_chat_template=self.config.apply_chat_template)
+                                 apply_chat_template=self.config.apply_chat_template, cache=self._prompt_tokens)
 
     def train_step(self, rows: list[dict]) -> dict[str, float]:
         """One iteration of the plan on ``rows``; with a staleness-1 plan, the next step's generation starts now."""

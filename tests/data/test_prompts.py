@@ -55,3 +55,32 @@ def test_make_prompt_batch_holds_tensors_and_columns(tok):
     assert batch["extra_info"][0] == {"a": 0, "b": 0, "op": "+"} and batch["extra_info"][3] == {}
     with pytest.raises(DataError, match="row 0 has no column 'ground_truth'"):
         make_prompt_batch([{"prompt": "1", "data_source": "x"}], tok)
+
+
+def test_a_cache_tokenises_each_prompt_once_and_changes_nothing(tok):
+    class Counting:
+        """The tokenizer, counting its encode calls."""
+
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def __call__(self, text, **kw):
+            self.calls += 1
+            return self.inner(text, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    counting, cache = Counting(tok), {}
+    messages = [{"role": "user", "content": "3+4="}]
+    prompts = ["1+2=", "12+34=", messages, "1+2="]
+    first = tokenize_prompts(counting, prompts, cache=cache)
+    assert counting.calls == 3  # "1+2=" twice in the batch: encoded once
+    again = tokenize_prompts(counting, list(reversed(prompts)), cache=cache)
+    assert counting.calls == 3
+    uncached = tokenize_prompts(tok, list(reversed(prompts)))
+    assert all(torch.equal(a, b) for a, b in zip(again, uncached))
+    assert all(torch.equal(a, b) for a, b in zip(first, tokenize_prompts(tok, prompts)))
+    # the chat-template switch is part of the key: the same text encodes differently with it
+    templated = tokenize_prompts(counting, ["3+4="], apply_chat_template=True, cache=cache)[0]
+    assert counting.calls == 4 and torch.equal(templated, tokenize_prompts(tok, [messages])[0])
