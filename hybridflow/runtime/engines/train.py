@@ -94,7 +94,7 @@ class TrainEngine:
         if self.is_value_model:
             raise OpError("compute_log_probs needs a causal LM; this engine trains a value model (use compute_values)")
         temperature = self.config.temperature if temperature is None else temperature
-        self.module.eval()
+        self._mode(training=False)
         parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu()
                  for t in self._chunks(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))]
         return torch.cat(parts)
@@ -104,10 +104,15 @@ class TrainEngine:
         """The critic's ``V(s_t)`` for each response position: ``(b, R)`` float32 (on CPU)."""
         if not self.is_value_model:
             raise OpError("compute_values needs a ValueModel; this engine trains a causal LM (use compute_log_probs)")
-        self.module.eval()
+        self._mode(training=False)
         parts = [self._value_outputs(t)["value_preds"].cpu()
                  for t in self._chunks(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))]
         return torch.cat(parts)
+
+    def _mode(self, *, training: bool) -> None:
+        """``module.train(training)``, skipped when the module is in that mode already (it walks every submodule)."""
+        if self.module.training != training:
+            self.module.train(training)
 
     def _lm_outputs(self, t: Mapping[str, torch.Tensor], *, with_entropy: bool, temperature: float) -> dict:
         with self._autocast():
@@ -149,7 +154,7 @@ class TrainEngine:
         needs = frozenset(f.name for term in terms for f in term.spec.model_inputs)
         fields = tuple(dict.fromkeys(SEQUENCE_FIELDS + tuple(f.name for t in terms for f in t.spec.inputs)))
         tensors = self._tensors(batch, fields, f"update ({', '.join(t.spec.name for t in terms)})")
-        self.module.train()
+        self._mode(training=True)
         lr = self.optimizer.param_groups[0]["lr"]
         metrics, skipped = MetricMeans(), 0
         for _ in range(self.config.ppo_epochs):
