@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget", type=float, default=140.0,
                         help="seconds of training after which it stops at the end of a step (default 140, so that "
                              "the whole command stays under 3 minutes on a slow or busy machine); 0: no limit")
+    parser.add_argument("--target", type=float, default=None,
+                        help="stop after the validation at which greedy accuracy reaches this (default: run every step)")
 
 
 def _answers(trainer) -> list[str]:
@@ -62,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     settings = {**QUICKSTART, "max_steps": args.steps}
     # the quickstart always starts fresh: overwrite=True deletes an earlier run's checkpoints, under the run's lock
     config = PPOConfig(**settings, seed=args.seed, output_dir=str(out), save_freq=args.steps, resume="never",
-                       overwrite=True, num_threads=args.threads, max_time_s=args.time_budget or None)
+                       overwrite=True, num_threads=args.threads, max_time_s=args.time_budget or None,
+                       stop_at_val_score=args.target)
     shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     print("hybridflow quickstart: the seed article's minimal PPO on CPU — a tiny random-weight model learns "
           "'a+b=' (reward 1 for the exact sum, then EOS)\n"
