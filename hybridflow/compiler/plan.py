@@ -72,6 +72,7 @@ class RolePlacement(_Frozen):
     generation_layout: LayoutPlan | None = Field(None, description="Layout of the rollout engine (policies that generate); None = same as layout.")
     generation_pool: str | None = Field(None, description="Pool of the rollout engine when it is not the role's own pool (weights are broadcast to it); None = the role's pool (hybrid engine).")
     memory_bytes: int | None = Field(None, description="Predicted peak memory of this role per device (bytes).")
+    train_engine: Literal["fsdp", "megatron"] = Field("fsdp", description="Training engine holding the role's states: fsdp (ZeRO-3, what hybridflow's runtime runs) or megatron (Megatron-core, distributed optimizer; cost studies only, refused by bind). See hybridflow.compiler.engine.")
 
 
 class PlanOp(_Frozen):
@@ -168,7 +169,8 @@ class ExecutionPlan(_Frozen):
             gen = f"  generate {p.generation_layout}" if p.generation_layout else ""
             gen += f" on {p.generation_pool}" if p.generation_pool else ""
             memory = f"  peak {_gib(p.memory_bytes)}" if p.memory_bytes is not None else ""
-            lines.append(f"place {p.role} -> {p.pool}  {p.layout}{gen}{memory}")
+            engine = f" [{p.train_engine}]" if p.train_engine != "fsdp" else ""
+            lines.append(f"place {p.role} -> {p.pool}  {p.layout}{engine}{gen}{memory}")
         lines.extend(_op_line(op) for op in self.ops)
         return "\n".join(lines) + "\n"
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import math
 
-from ...errors import ConfigError, PlacementError, PlanError
+from ...errors import ConfigError, PlacementError
 from ..cost import Generate, estimate
-from ..engine import DEFAULT_ENGINE
 from ..layout import Layout, valid_layouts
 from ..placement import Placement, PoolSpec, evaluate, manual_placement, place_fixed, placement_from_device_map, search
 from ..placement.search import ScoredPlacement, assign_devices
@@ -200,15 +199,12 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
             placements.append(RolePlacement(role=role.name, pool=rule_pools[role.name]))
             continue
         rp = resolved.placement.of(role.name)
-        if rp.engine != DEFAULT_ENGINE:
-            raise PlanError(f"role {role.name!r} is placed for the {rp.engine} training engine, but plans run on "
-                            f"hybridflow's {DEFAULT_ENGINE} engine; compile with the role's engines left at ({DEFAULT_ENGINE!r},)")
         role_pool[role.name] = pools[rp.pool].name
         gen_layout, gen_pool = rp.gen_layout, None
         if resolved.rollout and resolved.rollout[0] == role.name:
             gen_layout, gen_pool = resolved.rollout[2], rollout_pool
         placements.append(RolePlacement(role=role.name, pool=role_pool[role.name], layout=_lp(rp.layout),
-                                        generation_layout=_lp(gen_layout), generation_pool=gen_pool))
+                                        generation_layout=_lp(gen_layout), generation_pool=gen_pool, train_engine=rp.engine))
     gen_pools = {p.role: p.generation_pool for p in placements if p.generation_pool}
     graph = ctx.graph
     ops = []
