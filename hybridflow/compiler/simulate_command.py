@@ -9,7 +9,9 @@ Each cell shows its winning fixed strategy and the runner-up's margin;
 ``--compare paper`` adds the winner HybridFlow's Fig. 12 reports.
 ``--engine`` picks the training engine(s) the roles may use, ``--workload``
 a batch preset (``paper``: §8.1 exactly), ``--network`` the links between
-nodes (``paper``: 200 Gb/s).
+nodes (``paper``: 200 Gb/s), ``--assume FIELD=VALUE`` a cluster figure or cost
+option for a sensitivity study. Every table ends with the automatic
+placement's strong-scaling efficiency per model (HybridFlow §8.2).
 
 Keep module-level imports light: this module is imported by ``hybridflow --help``.
 """
