@@ -178,6 +178,12 @@ def _lp(layout: Layout | None) -> LayoutPlan | None:
     return None if layout is None else LayoutPlan(dp=layout.dp, tp=layout.tp, pp=layout.pp)
 
 
+def _with_train_engines(placements: list[RolePlacement], chosen: Placement) -> tuple[RolePlacement, ...]:
+    """Each model role's placement with the training engine the placement chose for it (rule roles keep the default)."""
+    engines = {rp.role: rp.engine for rp in chosen.roles}
+    return tuple(p.model_copy(update={"train_engine": engines[p.role]}) if p.role in engines else p for p in placements)
+
+
 def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
     """Place the roles.
 
@@ -204,7 +210,7 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
         if resolved.rollout and resolved.rollout[0] == role.name:
             gen_layout, gen_pool = resolved.rollout[2], rollout_pool
         placements.append(RolePlacement(role=role.name, pool=role_pool[role.name], layout=_lp(rp.layout),
-                                        generation_layout=_lp(gen_layout), generation_pool=gen_pool, train_engine=rp.engine))
+                                        generation_layout=_lp(gen_layout), generation_pool=gen_pool))
     gen_pools = {p.role: p.generation_pool for p in placements if p.generation_pool}
     graph = ctx.graph
     ops = []
@@ -214,5 +220,5 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
             pool = gen_pools.get(op.role) if kind == "generate" and op.role in gen_pools else role_pool[op.role]
             op = op.model_copy(update={"pool": pool})
         ops.append(op)
-    return plan.model_copy(update={"pools": tuple(pools), "placements": tuple(placements), "ops": tuple(ops),
-                                   "strategy": resolved.strategy})
+    return plan.model_copy(update={"pools": tuple(pools), "placements": _with_train_engines(placements, resolved.placement),
+                                   "ops": tuple(ops), "strategy": resolved.strategy})
