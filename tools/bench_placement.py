@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/bench_placement.py                      # llama2-70b on 128 and 1,024 A100-80G
     .venv/bin/python tools/bench_placement.py --model llama2-7b --gpus 16 128 --cluster h100-80g
+    .venv/bin/python tools/bench_placement.py --engine fsdp,megatron   # the search chooses each role's engine
 
 Each size runs in a fresh process state (the module-level caches are cleared
 first), so the time includes building every per-(role, device count)
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="llama2-70b", help="model preset for all four PPO roles")
     parser.add_argument("--gpus", type=int, nargs="+", default=[128, 1024], help="cluster sizes (multiples of the node size)")
     parser.add_argument("--cluster", default="a100-80g", help="cluster preset")
+    parser.add_argument("--engine", default="fsdp", help="training engines the roles may use, comma-separated (fsdp, megatron)")
+    parser.add_argument("--workload", default="default", help="workload preset (default, paper)")
     args = parser.parse_args(argv)
 
     from hybridflow.compiler.cluster import ClusterSpec
@@ -37,14 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     from hybridflow.compiler.workload import paper_workload
 
     base = ClusterSpec.preset(args.cluster)
-    workload = paper_workload(args.model)
+    engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
+    workload = paper_workload(args.model, args.workload).with_engines(engines)
     for gpus in args.gpus:
         cluster = base.with_nodes(gpus // base.devices_per_node)
         clear_caches()
         wall, cpu = time.perf_counter(), time.process_time()
         result = search(workload, cluster)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        print(f"{args.model} PPO on {cluster.num_devices} x {args.cluster}: search {wall:.2f} s wall, {cpu:.2f} s CPU; "
+        print(f"{args.model} PPO on {cluster.num_devices} x {args.cluster}, engine {args.engine}: search {wall:.2f} s wall, {cpu:.2f} s CPU; "
               f"iteration {result.best.iteration_s:.1f} s")
         print("  " + result.best.placement.describe().replace("\n", "\n  "))
         for name, fixed in result.fixed:

@@ -34,6 +34,7 @@ from ..graph import Graph
 from .cluster import ClusterSpec
 from .cost import CostOptions
 from .models import ModelSpec
+from .engine import DEFAULT_ENGINE, check_engines
 from .placement import SearchResult, search
 from .placement.search import place_fixed
 from .plan import ExecutionPlan, verify_plan
@@ -171,7 +172,8 @@ def _as_graph(graph: Any) -> Graph:
 
 def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str, ModelSpec | str] | ModelSpec | str, *,
                    placement: Any = "auto", staleness: int = 0, batch: BatchShape | None = None,
-                   options: CostOptions | None = None, debug: bool | None = None, hooks: tuple = ()) -> CompileReport:
+                   options: CostOptions | None = None, debug: bool | None = None, hooks: tuple = (),
+                   engines: tuple[str, ...] = (DEFAULT_ENGINE,)) -> CompileReport:
     """Compile and say how: the plan, the search, the candidates tried (see :func:`compile`)."""
     start = time.perf_counter()
     graph = _as_graph(graph)
@@ -183,7 +185,8 @@ def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str
     if staleness < 0:
         raise PlanError(f"staleness must be >= 0, got {staleness}")
     ctx = CompileContext(graph=graph, cluster=cluster, models=resolve_models(graph, models), batch=batch or BatchShape(),
-                         options=options or CostOptions(), placement=parse_placement(placement), staleness=staleness)
+                         options=options or CostOptions(), placement=parse_placement(placement), staleness=staleness,
+                         engines=check_engines(engines, "compile(engines=...)"))
     verify = _debug_default() if debug is None else debug
     strategy = ctx.placement if isinstance(ctx.placement, str) else None
     if strategy is None or (strategy != "auto" and not (staleness and strategy == "split")):
@@ -200,7 +203,8 @@ def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str
 
 def compile(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str, ModelSpec | str] | ModelSpec | str, *,
             placement: Any = "auto", staleness: int = 0, batch: BatchShape | None = None,
-            options: CostOptions | None = None, debug: bool | None = None, hooks: tuple = ()) -> ExecutionPlan:
+            options: CostOptions | None = None, debug: bool | None = None, hooks: tuple = (),
+            engines: tuple[str, ...] = (DEFAULT_ENGINE,)) -> ExecutionPlan:
     """The ExecutionPlan of ``graph`` on ``cluster``.
 
     - ``models``: role -> model preset name, ``config.json`` path, ModelSpec or
@@ -213,6 +217,9 @@ def compile(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str, Model
       (needs generation on its own devices; PlanError says why not otherwise).
     - ``batch``: prompts, lengths, epochs and mini-batches (the paper's workload by default).
     - ``debug``: verify after every pass (default: ``HYBRIDFLOW_DEBUG``); ``hooks``: :class:`PassHook` objects.
+    - ``engines``: training engines the trainable roles may use (``fsdp``, ``megatron``; the search picks
+      one per role, recorded as ``RolePlacement.train_engine``); hybridflow's runtime runs ``fsdp`` only,
+      so :func:`~hybridflow.compiler.machine.bind` refuses a plan with another.
     """
     return compile_report(graph, cluster, models, placement=placement, staleness=staleness, batch=batch,
-                          options=options, debug=debug, hooks=hooks).plan
+                          options=options, debug=debug, hooks=hooks, engines=engines).plan

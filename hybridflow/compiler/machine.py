@@ -30,7 +30,10 @@ from ..errors import BindError, PlacementError
 from .cluster import CLUSTER_PRESETS, ClusterSpec, detect_local_cpu
 from .plan import ExecutionPlan, verify_plan
 
-__all__ = ["Machine", "BindError", "local_machine", "ray_machine", "default_cpu_slots", "bind", "compile_for", "plan_node"]
+RUNTIME_TRAIN_ENGINES = ("fsdp",)
+"""Training engines hybridflow's runtime executes (the others exist in the cost model only)."""
+
+__all__ = ["Machine", "BindError", "RUNTIME_TRAIN_ENGINES", "local_machine", "ray_machine", "default_cpu_slots", "bind", "compile_for", "plan_node"]
 
 _SLOT = re.compile(r"^n(\d+)\.d(\d+)$")
 _CUDA = re.compile(r"^cuda:(\d+)$")
@@ -149,7 +152,16 @@ def ray_machine(cpu_slots: int | None = None) -> Machine:
 
 
 def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
-    """``plan`` with every pool's devices replaced by the machine's (module docstring); BindError if it lacks some."""
+    """``plan`` with every pool's devices replaced by the machine's (module docstring); BindError if it lacks some.
+
+    A plan whose roles train with an engine hybridflow's runtime does not have
+    (``train_engine`` megatron: a cost study) is refused here, before any executor.
+    """
+    foreign = [f"{p.role} ({p.train_engine})" for p in plan.placements if p.train_engine not in RUNTIME_TRAIN_ENGINES]
+    if foreign:
+        raise BindError(f"the plan trains {', '.join(foreign)} with an engine hybridflow's runtime does not run "
+                        f"(it runs {', '.join(RUNTIME_TRAIN_ENGINES)}); such a plan is a cost study: compile with engines=("
+                        + ", ".join(repr(e) for e in RUNTIME_TRAIN_ENGINES) + ",) to run it")
     pools, problems = [], []
     for pool in plan.pools:
         slots = pool.slots or pool.devices

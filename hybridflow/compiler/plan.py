@@ -69,6 +69,7 @@ class RolePlacement(_Frozen):
     role: str = Field(description="Role name from the graph.")
     pool: str = Field(description="Name of the pool the role runs on.")
     layout: LayoutPlan = Field(default_factory=LayoutPlan, description="Layout for training and inference.")
+    train_engine: Literal["fsdp", "megatron"] = Field("fsdp", description="Training engine holding the role's states: fsdp (ZeRO-3, what hybridflow's runtime runs) or megatron (Megatron-core, distributed optimizer; cost studies only, refused by bind). See hybridflow.compiler.engine.")
     generation_layout: LayoutPlan | None = Field(None, description="Layout of the rollout engine (policies that generate); None = same as layout.")
     generation_pool: str | None = Field(None, description="Pool of the rollout engine when it is not the role's own pool (weights are broadcast to it); None = the role's pool (hybrid engine).")
     memory_bytes: int | None = Field(None, description="Predicted peak memory of this role per device (bytes).")
@@ -165,7 +166,8 @@ class ExecutionPlan(_Frozen):
             bound = f" = {_devices(pool.slots)}" if pool.slots else ""
             lines.append(f"pool {pool.name} [{_devices(pool.devices)}{bound}]{memory}{flag}: {roles}")
         for p in self.placements:
-            gen = f"  generate {p.generation_layout}" if p.generation_layout else ""
+            gen = f" [{p.train_engine}]" if p.train_engine != "fsdp" else ""  # the training engine, when not the runtime's
+            gen += f"  generate {p.generation_layout}" if p.generation_layout else ""
             gen += f" on {p.generation_pool}" if p.generation_pool else ""
             memory = f"  peak {_gib(p.memory_bytes)}" if p.memory_bytes is not None else ""
             lines.append(f"place {p.role} -> {p.pool}  {p.layout}{gen}{memory}")

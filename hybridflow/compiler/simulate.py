@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
+
+from pydantic import ValidationError
 
 from ..errors import ConfigError, PlacementError
 from .cluster import ClusterSpec
@@ -19,7 +21,8 @@ from .models import ModelSpec
 from .placement import FIXED_STRATEGIES, Placement, search
 from .workload import Workload, paper_workload
 
-__all__ = ["SimulationRow", "REPORTED_WINNERS", "simulate_table", "format_table", "agreement"]
+__all__ = ["SimulationRow", "REPORTED_WINNERS", "ScalingFigure", "simulate_table", "format_table", "agreement",
+           "strong_scaling", "format_scaling", "apply_settings"]
 
 REPORTED_WINNERS: dict[str, dict[tuple[str, int], str]] = {
     # HybridFlow (Sheng et al., EuroSys 2025), §8.3, Figure 12: PPO iteration time of the
@@ -63,6 +66,35 @@ class SimulationRow:
         if math.isinf(times[0]):
             return math.nan
         return (times[1] - times[0]) / times[0]
+
+
+def apply_settings(cluster: ClusterSpec, options: CostOptions, settings: Sequence[str]) -> tuple[ClusterSpec, CostOptions]:
+    """``cluster`` and ``options`` with ``FIELD=VALUE`` settings applied (``simulate --assume``), each validated by its model.
+
+    A field of :class:`ClusterSpec` (e.g. a measured ``decode_step_overhead_s=0.004``)
+    or of :class:`CostOptions` (``train_micro_batch=2``): a sensitivity study,
+    not a preset. ConfigError names an unknown field or a value its field refuses.
+    """
+    updates: tuple[dict, dict] = ({}, {})
+    for item in settings:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--assume {item!r}: write FIELD=VALUE, e.g. decode_step_overhead_s=0.004")
+        if key in ("name", "nodes", "devices_per_node"):
+            raise ConfigError(f"--assume {key}: the cluster's shape comes from --cluster and --gpus")
+        target = 0 if key in ClusterSpec.model_fields else 1 if key in CostOptions.model_fields else None
+        if target is None:
+            raise ConfigError(f"--assume {key!r}: not a field of the cluster ({', '.join(ClusterSpec.model_fields)}) "
+                              f"or of the cost options ({', '.join(CostOptions.model_fields)})")
+        updates[target][key] = value.strip()
+    try:
+        cluster = ClusterSpec.model_validate({**cluster.model_dump(), **updates[0]})
+        options = CostOptions.model_validate({**options.model_dump(), **updates[1]})
+    except ValidationError as err:
+        problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"--assume: {problems}") from None
+    return cluster, options
 
 
 def _cluster_for(base: ClusterSpec, gpus: int) -> ClusterSpec:
@@ -114,6 +146,53 @@ def agreement(rows: Iterable[SimulationRow], compare: str) -> tuple[int, int]:
     reported = _reported(compare)
     cells = [(r.winner, reported[(r.model, r.gpus)]) for r in rows if (r.model, r.gpus) in reported]
     return sum(ours == theirs for ours, theirs in cells), len(cells)
+
+
+@dataclass(frozen=True)
+class ScalingFigure:
+    """Strong scaling of one model's automatic placement from ``gpus[0]`` to ``gpus[1]`` devices."""
+
+    model: str
+    gpus: tuple[int, int]
+    seconds: tuple[float, float]
+
+    @property
+    def efficiency(self) -> float:
+        """(throughput at the largest count / throughput at the smallest) / (largest / smallest) = T_s·n_s / (T_l·n_l)."""
+        (small, large), (t_small, t_large) = self.gpus, self.seconds
+        return t_small * small / (t_large * large)
+
+
+def strong_scaling(rows: Iterable[SimulationRow]) -> tuple[ScalingFigure, ...]:
+    """Per model, the auto placement's strong-scaling efficiency between the smallest and the largest GPU count where it fits.
+
+    The batch is fixed (strong scaling), so throughput is proportional to
+    ``1/T``; the efficiency is HybridFlow §8.2's: the throughput at the largest
+    scale over that at the smallest, divided by the ratio of the scales.
+    Models that fit at fewer than two counts are left out.
+    """
+    by_model: dict[str, list[SimulationRow]] = {}
+    for r in rows:
+        if not math.isinf(r.time("auto")):
+            by_model.setdefault(r.model, []).append(r)
+    figures = []
+    for model, found in by_model.items():
+        small, large = min(found, key=lambda r: r.gpus), max(found, key=lambda r: r.gpus)
+        if small.gpus < large.gpus:
+            figures.append(ScalingFigure(model, (small.gpus, large.gpus), (small.time("auto"), large.time("auto"))))
+    return tuple(figures)
+
+
+def format_scaling(figures: Iterable[ScalingFigure]) -> str:
+    """One line per model and the mean: ``llama2-7b 16->128 GPUs: 210.1 s -> 30.2 s, efficiency 87.0%``."""
+    figures = tuple(figures)
+    if not figures:
+        return "strong scaling: no model fits at two of the GPU counts"
+    lines = [f"  {f.model} {f.gpus[0]}->{f.gpus[1]} GPUs: {f.seconds[0]:.1f} s -> {f.seconds[1]:.1f} s, "
+             f"efficiency {100 * f.efficiency:.1f}%" for f in figures]
+    mean = sum(f.efficiency for f in figures) / len(figures)
+    return "\n".join([f"strong scaling of the auto placement (HybridFlow §8.2: T_small·n_small / (T_large·n_large)), "
+                      f"mean {100 * mean:.1f}% (paper: 66.8%, mean over its algorithms and models):", *lines])
 
 
 def _reported(compare: str) -> dict[tuple[str, int], str]:

@@ -9,7 +9,9 @@ Each cell shows its winning fixed strategy and the runner-up's margin;
 ``--compare paper`` adds the winner HybridFlow's Fig. 12 reports.
 ``--engine`` picks the training engine(s) the roles may use, ``--workload``
 a batch preset (``paper``: §8.1 exactly), ``--network`` the links between
-nodes (``paper``: 200 Gb/s).
+nodes (``paper``: 200 Gb/s), ``--assume FIELD=VALUE`` a cluster figure or cost
+option for a sensitivity study. Every table ends with the automatic
+placement's strong-scaling efficiency per model (HybridFlow §8.2).
 
 Keep module-level imports light: this module is imported by ``hybridflow --help``.
 """
@@ -51,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="network between nodes: default (the node preset's adapters) or paper (HybridFlow §8.1: 200 Gb/s)")
     parser.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
                         help="megatron: the gradient reduce-scatter is not overlapped with the last micro-batch's backward")
+    parser.add_argument("--assume", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a cluster figure or cost option for a sensitivity study, e.g. "
+                             "decode_step_overhead_s=0.004 or train_micro_batch=2 (repeatable)")
     parser.add_argument("--compare", default=None, metavar="STUDY",
                         help="print beside each cell the winner a study reports: paper (HybridFlow §8.3, Fig. 12)")
     add_batch_arguments(parser)
@@ -74,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from .passes.lower import actor_role, parse_model
     from .cost import CostOptions
     from .engine import check_engines
-    from .simulate import agreement, format_table, simulate_table
+    from .cluster import ClusterSpec
+    from .simulate import agreement, apply_settings, format_scaling, format_table, simulate_table, strong_scaling
 
     _apply_workload_preset(args)
     engines = check_engines((e.strip() for e in args.engine.split(",") if e.strip()), f"--engine {args.engine!r}")
@@ -90,16 +96,20 @@ def run(args: argparse.Namespace) -> int:
     def workload(spec: ModelSpec):
         return lower_workload(graph, resolve_models(graph, {**overrides, actor: spec}), batch).with_engines(engines)
 
-    options = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
-    rows = simulate_table(workload, models, _ints(args.gpus), args.cluster, options, network=args.network)
+    cluster, options = apply_settings(ClusterSpec.parse(args.cluster), CostOptions(overlap_grad_reduce=args.overlap_grad_reduce),
+                                      args.settings)
+    rows = simulate_table(workload, models, _ints(args.gpus), cluster, options, network=args.network)
+    settings = "; assuming " + ", ".join(args.settings) if args.settings else ""
     print(f"{graph.name}: {batch.prompts} prompts x {batch.prompt_len} + {batch.response_len} tokens per iteration, "
           f"{batch.epochs} epoch(s) of {batch.mini_batches} optimizer steps (workload {args.workload}), nodes of 8 {args.cluster}, "
-          f"network {args.network}, engine {','.join(engines)}; predicted seconds per iteration "
+          f"network {args.network}, engine {','.join(engines)}{settings}; "
+          f"predicted seconds per iteration "
           f"(OOM: no placement fits; * offloads; margin: runner-up fixed strategy's extra time)")
     print(format_table(rows, compare=args.compare))
     if args.compare:
         agree, cells = agreement(rows, args.compare)
         print(f"\nwinner agrees with {args.compare} in {agree} of {cells} cells it reports")
+    print("\n" + format_scaling(strong_scaling(rows)))
     if not args.brief:
         print("\nautomatic placements:")
         for row in rows:

@@ -88,3 +88,22 @@ def test_compile_validates_a_graph_file_as_the_dsl_does(tmp_path, capsys):
     path.write_text(json.dumps(doc))
     assert main(["compile", str(path), "-o", str(tmp_path / "plan.json")]) == 1
     assert f"node {node['name']!r}" in capsys.readouterr().err
+
+
+def test_simulate_assumptions_and_strong_scaling(capsys):
+    argv = ["simulate", "ppo", "--models", "llama2-7b", "--gpus", "8,16", "--brief"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main(argv + ["--assume", "decode_step_overhead_s=0.01"]) == 0
+    slower = capsys.readouterr().out
+    assert "assuming decode_step_overhead_s=0.01" in slower and "assuming" not in plain
+
+    def auto(text, gpus):
+        return float(next(l for l in text.splitlines() if l.startswith("llama2-7b") and int(l.split()[1]) == gpus).split()[5])
+
+    # 1024 decode steps of 10 ms more, in at least one wave
+    assert auto(slower, 16) >= auto(plain, 16) + 10.24 - 1e-6
+    line = next(l for l in plain.splitlines() if "llama2-7b 8->16 GPUs" in l)
+    # efficiency = T8·8 / (T16·16), from the table's rounded seconds
+    printed = float(line.rsplit("efficiency ", 1)[1].rstrip("%"))
+    assert abs(printed - 100 * auto(plain, 8) * 8 / (auto(plain, 16) * 16)) < 0.1 and "strong scaling" in plain

@@ -133,3 +133,36 @@ def test_cross_pool_broadcast_by_hand():
     # (4 buckets + 3) x 1 s = 7 s; pipelined: max + min/4 = 7 + 0.075
     assert sync.gather_volume_per_trainer_rank == 3e9
     assert sync.time_s == pytest.approx(7.075)
+
+
+# HybridFlow Fig. 14 (transition time of the actor, 7B-70B): training (d, t, p) and generation (tg, pg) as the issue
+# reads them, each on 2 replicas. Per-rank bytes received, M = 2 bytes x params (GB = 1e9 bytes):
+#   megatron (the paper's table 2): M/(tg·pg) - M/(t·p)      fsdp (ZeRO-3): M/(tg·pg) - M/(t·p·d)
+#   7B,  M = 13.477: t8 p1 -> tg2:  6.738 - 1.685 = 5.054    6.738 - 0.842 = 5.896
+#   13B, M = 26.032: t8 p1 -> tg4:  6.508 - 3.254 = 3.254    6.508 - 1.627 = 4.881
+#   34B, M = 67.488: t8 p4 -> tg8:  8.436 - 2.109 = 6.327    8.436 - 1.055 = 7.381
+#   70B, M = 137.95: t8 p8 -> tg8: 17.244 - 2.156 = 15.089  17.244 - 1.078 = 16.167
+FIG14 = [
+    ("llama2-7b", Layout(2, 8, 1), Layout(8, 2, 1), 5.05, 5.90),
+    ("llama2-13b", Layout(2, 8, 1), Layout(4, 4, 1), 3.25, 4.88),
+    ("llama2-34b", Layout(2, 8, 4), Layout(8, 8, 1), 6.33, 7.38),
+    ("llama2-70b", Layout(2, 8, 8), Layout(16, 8, 1), 15.09, 16.17),
+]
+
+
+@pytest.mark.parametrize("model, train, gen, megatron_gb, fsdp_gb", FIG14, ids=[c[0] for c in FIG14])
+def test_paper_figure_14_transition_volumes(model, train, gen, megatron_gb, fsdp_gb):
+    from hybridflow.compiler.models import ModelSpec
+
+    m = 2.0 * ModelSpec.preset(model).params
+    megatron, fsdp = transition_figures(m, train, gen, "megatron"), transition_figures(m, train, gen, "fsdp")
+    assert megatron.comm_volume_bytes / 1e9 == pytest.approx(megatron_gb, abs=0.006)
+    assert fsdp.comm_volume_bytes / 1e9 == pytest.approx(fsdp_gb, abs=0.006)
+    assert megatron == table2(m, train, gen)["hybridflow"]  # the megatron engine moves exactly the paper's row
+    # fsdp receives (d - 1)/(t·p·d)·M more: each rank starts from a piece d times smaller
+    assert fsdp.comm_volume_bytes - megatron.comm_volume_bytes == pytest.approx((train.dp - 1) * m / train.size)
+    assert megatron.peak_memory_bytes == fsdp.peak_memory_bytes == pytest.approx(m / gen.model_parallel)
+    # and both volumes are what the micro-DP groups really exchange (each rank gathers the rest of its generation shard)
+    for engine, figures in (("megatron", megatron), ("fsdp", fsdp)):
+        groups = hybrid_engine_groups(train, gen, sharded_over_dp=engine == "fsdp")
+        assert groups.micro_dp_size * (m / gen.model_parallel - figures.comm_volume_bytes) == pytest.approx(m / gen.model_parallel)

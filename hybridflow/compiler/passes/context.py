@@ -40,13 +40,15 @@ class CompileContext:
     options: CostOptions = field(default_factory=CostOptions)
     placement: Any = "auto"
     staleness: int = 0
+    engines: tuple[str, ...] = ("fsdp",)
+    """Training engines the trainable roles may use (:mod:`hybridflow.compiler.engine`); the placement pass picks one per role."""
 
     @cached_property
     def workload(self) -> Workload:
         """The graph lowered to per-role work (rule roles left out: they run no model)."""
         from .lower import lower_workload
 
-        return lower_workload(self.graph, self.models, self.batch)
+        return lower_workload(self.graph, self.models, self.batch).with_engines(self.engines)
 
     @property
     def rule_roles(self) -> tuple[str, ...]:

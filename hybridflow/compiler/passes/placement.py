@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import math
 
-from ...errors import ConfigError, PlacementError, PlanError
+from ...errors import ConfigError, PlacementError
 from ..cost import Generate, estimate
-from ..engine import DEFAULT_ENGINE
 from ..layout import Layout, valid_layouts
 from ..placement import Placement, PoolSpec, evaluate, manual_placement, place_fixed, placement_from_device_map, search
 from ..placement.search import ScoredPlacement, assign_devices
@@ -179,6 +178,12 @@ def _lp(layout: Layout | None) -> LayoutPlan | None:
     return None if layout is None else LayoutPlan(dp=layout.dp, tp=layout.tp, pp=layout.pp)
 
 
+def _with_train_engines(placements: list[RolePlacement], chosen: Placement) -> tuple[RolePlacement, ...]:
+    """Each model role's placement with the training engine the placement chose for it (rule roles keep the default)."""
+    engines = {rp.role: rp.engine for rp in chosen.roles}
+    return tuple(p.model_copy(update={"train_engine": engines[p.role]}) if p.role in engines else p for p in placements)
+
+
 def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
     """Place the roles.
 
@@ -200,9 +205,6 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
             placements.append(RolePlacement(role=role.name, pool=rule_pools[role.name]))
             continue
         rp = resolved.placement.of(role.name)
-        if rp.engine != DEFAULT_ENGINE:
-            raise PlanError(f"role {role.name!r} is placed for the {rp.engine} training engine, but plans run on "
-                            f"hybridflow's {DEFAULT_ENGINE} engine; compile with the role's engines left at ({DEFAULT_ENGINE!r},)")
         role_pool[role.name] = pools[rp.pool].name
         gen_layout, gen_pool = rp.gen_layout, None
         if resolved.rollout and resolved.rollout[0] == role.name:
@@ -218,5 +220,5 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
             pool = gen_pools.get(op.role) if kind == "generate" and op.role in gen_pools else role_pool[op.role]
             op = op.model_copy(update={"pool": pool})
         ops.append(op)
-    return plan.model_copy(update={"pools": tuple(pools), "placements": tuple(placements), "ops": tuple(ops),
-                                   "strategy": resolved.strategy})
+    return plan.model_copy(update={"pools": tuple(pools), "placements": _with_train_engines(placements, resolved.placement),
+                                   "ops": tuple(ops), "strategy": resolved.strategy})

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..memory import PARAM_BYTES
 from ..plan import ExecutionPlan, PlanOp
+from ..engine import shards_weights_over_dp
 from ..reshard import cross_pool_sync, hybrid_engine_figures, hybrid_engine_groups
 from .context import CompileContext
 from .timing import BUCKET_BYTES, layout_of
@@ -43,8 +44,9 @@ def sync_op(name: str, role: str, plan: ExecutionPlan, ctx: CompileContext, deps
                 f"trainer {train} all-gathers each, rank 0 sends it along a chain of {gen.size} rollout ranks ({gen})")
         return PlanOp(name=name, kind="weight_sync", role=role, pool=p.pool, target_pool=p.generation_pool, deps=deps,
                       volume_bytes=int(sync.volume_per_receiver), note=note)
-    groups = hybrid_engine_groups(train, gen, sharded_over_dp=True)
-    figures = hybrid_engine_figures(model_bytes, train, gen, sharded_over_dp=True)
+    sharded = shards_weights_over_dp(p.train_engine)  # fsdp: pieces over t·p·d ranks; megatron: over one replica's t·p
+    groups = hybrid_engine_groups(train, gen, sharded_over_dp=sharded)
+    figures = hybrid_engine_figures(model_bytes, train, gen, sharded_over_dp=sharded)
     note = (f"hybrid engine {train} -> {gen}: {len(groups.micro_dp_groups)} micro-DP groups of {groups.micro_dp_size}, "
             f"all-gather {_gib(figures.comm_volume_bytes)} per rank, peak {_gib(figures.peak_memory_bytes)}, no redundant copy")
     return PlanOp(name=name, kind="weight_sync", role=role, pool=p.pool, deps=deps,

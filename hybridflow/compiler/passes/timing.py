@@ -56,7 +56,8 @@ class PlanView:
         found = {}
         for role, p in self.placements.items():
             model = self.ctx.models.get(role)
-            found[role] = 0.0 if model is None else resident_bytes(model, layout_of(p.layout), self.trainable.get(role, False))
+            found[role] = 0.0 if model is None else resident_bytes(model, layout_of(p.layout), self.trainable.get(role, False),
+                                                                p.train_engine)
         return found
 
     @cached_property
@@ -108,15 +109,17 @@ def _forward(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
     if view.ctx.models.get(op.role) is None:  # a rule function: host-side, like controller math
         return estimate(Compute(sequences * seq_len), view.ctx.cluster, view.ctx.options)
     record = Score if node.kind == "score" else Infer
-    work = record(_model(view, op.role), layout_of(view.placements[op.role].layout), view.trainable.get(op.role, False),
-                  sequences, seq_len)
+    p = view.placements[op.role]
+    work = record(_model(view, op.role), layout_of(p.layout), view.trainable.get(op.role, False), sequences, seq_len,
+                  engine=p.train_engine)
     return estimate(work, view.ctx.cluster, view.ctx.options)
 
 
 def _update(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
     batch = view.ctx.batch
-    work = Update(_model(view, op.role), layout_of(view.placements[op.role].layout), view.sequences(node),
-                  batch.prompt_len + batch.response_len, batch.epochs, batch.mini_batches)
+    p = view.placements[op.role]
+    work = Update(_model(view, op.role), layout_of(p.layout), view.sequences(node),
+                  batch.prompt_len + batch.response_len, batch.epochs, batch.mini_batches, engine=p.train_engine)
     return estimate(work, view.ctx.cluster, view.ctx.options)
 
 
@@ -145,7 +148,7 @@ def _weight_sync(view: PlanView, op: PlanOp) -> CostRecord:
     train, gen = layout_of(p.layout), layout_of(p.generation_layout or p.layout)
     used = view.own(op.role, op.pool) + view.others(op.role, op.pool)
     if op.target_pool is None:
-        record = estimate(WeightSync(model, train, gen), view.ctx.cluster, view.ctx.options)
+        record = estimate(WeightSync(model, train, gen, p.train_engine), view.ctx.cluster, view.ctx.options)
         return CostRecord("weight_sync", record.time_s, used + record.peak_memory_bytes, record.parts, record.problem)
     model_bytes = PARAM_BYTES * model.params
     sync = cross_pool_sync(model_bytes, train, gen, view.ctx.cluster, BUCKET_BYTES)

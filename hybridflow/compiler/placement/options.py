@@ -19,6 +19,7 @@ vectors are Pareto-optimal: that is all the cross-group search needs.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -154,11 +155,10 @@ def pareto(items: list, key) -> list:
     keyed = sorted(((key(it), it) for it in items), key=lambda kv: (sum(kv[0]), kv[0]))
     kept_keys: list = []
     kept: list = []
+    le = operator.le
     for v, it in keyed:
-        for k in kept_keys:
-            if all(a <= b for a, b in zip(k, v)):
-                break
-        else:
+        # a dominating vector has a smaller or equal sum, so only kept (earlier) ones can dominate v
+        if not any(all(map(le, k, v)) for k in kept_keys):
             kept_keys.append(v)
             kept.append(it)
     return kept
