@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..errors import ConfigError, GraphError
 
-__all__ = ["add_arguments", "run", "machine_cluster", "add_model_arguments", "add_batch_arguments", "parse_models", "batch_from_args", "load_graph"]
+__all__ = ["add_arguments", "run", "machine_cluster", "add_model_arguments", "add_batch_arguments", "add_engine_argument",
+           "parse_engines", "parse_models", "batch_from_args", "load_graph"]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,19 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per epoch")
     group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override an algorithm attribute, e.g. --set n=4 (VALUE read as JSON, else as a string)")
+
+
+def add_engine_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", default="fsdp", metavar="ENGINE[,ENGINE]",
+                        help="training engine(s) of the trainable roles: fsdp (ZeRO-3, what hybridflow runs), megatron "
+                             "(Megatron-core 3D parallel, distributed optimizer; HybridFlow's), or fsdp,megatron to let the search choose")
+
+
+def parse_engines(value: str) -> tuple[str, ...]:
+    """``--engine fsdp,megatron`` as the checked tuple of engine names (ConfigError naming the flag)."""
+    from .engine import check_engines
+
+    return check_engines((e.strip() for e in value.split(",") if e.strip()), f"--engine {value!r}")
 
 
 def parse_models(items: list[str]) -> dict[str, str]:
@@ -95,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(ROLE.generate@N: a rollout pool of its own) | a device map 'actor=cuda:0,critic=cuda:1'")
     parser.add_argument("--staleness", type=int, default=0, metavar="K",
                         help="overlap generation of iteration i+K with iteration i (needs a rollout pool of its own)")
+    add_engine_argument(parser)
     add_batch_arguments(parser)
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="where to write the plan (default: ALGO.plan.json)")
     parser.add_argument("--text", action="store_true", help="also print the plan's text form")
@@ -152,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     hooks = (IRDump(Path(args.dump_ir)),) if args.dump_ir else ()
     cluster = machine_cluster(args.cluster, args.cpu_slots)
     report = compile_report(graph, cluster, models, placement=args.placement, staleness=args.staleness,
-                            batch=batch_from_args(args), debug=args.debug or None, hooks=hooks)
+                            batch=batch_from_args(args), debug=args.debug or None, hooks=hooks,
+                            engines=parse_engines(args.engine))
     print(f"compiled {graph.name} for {cluster.describe()} in {report.seconds:.2f} s; "
           f"placement search took {report.search_s:.2f} s")
     print("\n".join(_summary(report)))

@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ConfigError
-from .command import add_batch_arguments, add_model_arguments, batch_from_args, load_graph, parse_models
+from .command import (add_batch_arguments, add_engine_argument, add_model_arguments, batch_from_args, load_graph,
+                      parse_engines, parse_models)
 
 __all__ = ["add_arguments", "run"]
 
@@ -43,9 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", default="16,32,64,96,128", help="cluster sizes in devices, comma-separated")
     parser.add_argument("--cluster", default="a100-80g", metavar="PRESET", help="node type: a100-80g, h100-80g, h200")
     parser.add_argument("--brief", action="store_true", help="only the table, not each automatic placement's layouts")
-    parser.add_argument("--engine", default="fsdp", metavar="ENGINE[,ENGINE]",
-                        help="training engine(s) of the trainable roles: fsdp (ZeRO-3, what hybridflow runs), megatron "
-                             "(Megatron-core 3D parallel, distributed optimizer; HybridFlow's), or fsdp,megatron to let the search choose")
+    add_engine_argument(parser)
     parser.add_argument("--workload", default="default", metavar="PRESET",
                         help="batch preset: default (1024 prompts, 1024+1024 tokens, 4 mini-batches) or paper (HybridFlow §8.1: "
                              "8 update iterations per PPO epoch); --prompts etc. override it")
@@ -78,12 +77,11 @@ def run(args: argparse.Namespace) -> int:
     from .passes import lower_workload, resolve_models
     from .passes.lower import actor_role, parse_model
     from .cost import CostOptions
-    from .engine import check_engines
     from .cluster import ClusterSpec
     from .simulate import agreement, apply_settings, format_scaling, format_table, simulate_table, strong_scaling
 
     _apply_workload_preset(args)
-    engines = check_engines((e.strip() for e in args.engine.split(",") if e.strip()), f"--engine {args.engine!r}")
+    engines = parse_engines(args.engine)
     graph = load_graph(args.algorithm, args.overrides)
     overrides, batch = parse_models(args.models), batch_from_args(args)
     actor = actor_role(graph)

@@ -107,3 +107,19 @@ def test_simulate_assumptions_and_strong_scaling(capsys):
     # efficiency = T8·8 / (T16·16), from the table's rounded seconds
     printed = float(line.rsplit("efficiency ", 1)[1].rstrip("%"))
     assert abs(printed - 100 * auto(plain, 8) * 8 / (auto(plain, 16) * 16)) < 0.1 and "strong scaling" in plain
+
+
+def test_compile_engine_flag_records_the_training_engine(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["compile", "ppo", "--cluster", "a100-80g:4", "--model", "actor=llama2-7b", "reward=rule", "-o", str(out)]
+    assert main(argv + ["--engine", "megatron"]) == 0
+    plan = ExecutionPlan.from_json(out.read_text())
+    verify_plan(plan)
+    trained = {p.role: p.train_engine for p in plan.placements if p.role in ("actor", "critic")}
+    assert trained == {"actor": "megatron", "critic": "megatron"}
+    assert main(argv) == 0  # the default is the engine the runtime executes
+    plan = ExecutionPlan.from_json(out.read_text())
+    assert {p.train_engine for p in plan.placements} == {"fsdp"}
+    capsys.readouterr()
+    assert main(argv + ["--engine", "deepspeed"]) == 1
+    assert "choose from fsdp, megatron" in capsys.readouterr().err
