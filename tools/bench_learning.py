@@ -13,6 +13,7 @@ reached 0.5 / 0.9, the median time to 0.9, and the smallest gain.
 
     python tools/bench_learning.py                      # both algorithms, seeds 0-4
     python tools/bench_learning.py --algo grpo --seeds 7 # one seed (a CI job can sample one)
+    python tools/bench_learning.py --algo dapo,cispo --seeds 0,1   # other algorithms, grpo_arith's recipe
     python tools/bench_learning.py --jobs 2             # two runs at a time (noisier seconds)
 
 Seconds depend on the machine and its load; steps do not. ``--json FILE`` writes every
@@ -34,9 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = (0.5, 0.9)
 
 
+EXTRA_ARGS: dict[str, list[str]] = {"dapo": ["--response-length", "4"]}
+"""Recipe arguments an algorithm needs beyond grpo_arith's (DAPO's overlong shaping penalises the budget's last token)."""
+
+
 def command(algo: str, seed: int, out: Path, steps: int | None, time_budget: float | None) -> list[str]:
-    if algo == "grpo":
+    if algo != "ppo":  # grpo, or any standard algorithm trained with the grpo_arith recipe
         cmd = [sys.executable, str(ROOT / "examples" / "grpo_arith" / "train.py"), "--seed", str(seed), "--out", str(out)]
+        cmd += ["--algorithm", algo, *EXTRA_ARGS.get(algo, [])] if algo != "grpo" else []
     else:
         cmd = [sys.executable, "-m", "hybridflow.cli", "quickstart", "--seed", str(seed), "--out", str(out)]
         cmd += ["--time-budget", str(time_budget)] if time_budget is not None else []
@@ -77,13 +83,13 @@ def _cell(hit) -> str:
 
 
 def report(results: list[dict]) -> None:
-    print(f"{'algo':5} {'seed':>4} {'before':>6} {'final':>6}   {'@0.5 step':>9} {'s':>4}   {'@0.9 step':>9} {'s':>4}"
+    print(f"{'algo':8} {'seed':>4} {'before':>6} {'final':>6}   {'@0.5 step':>9} {'s':>4}   {'@0.9 step':>9} {'s':>4}"
           f"   {'steps':>5} {'wall_s':>6}")
     for r in results:
         if "error" in r:
-            print(f"{r['algo']:5} {r['seed']:>4}  FAILED: {r['error'][0]}")
+            print(f"{r['algo']:8} {r['seed']:>4}  FAILED: {r['error'][0]}")
             continue
-        print(f"{r['algo']:5} {r['seed']:>4} {r['before']:>6.2f} {r['final']:>6.2f}   {_cell(r['reached']['0.5']):>16}"
+        print(f"{r['algo']:8} {r['seed']:>4} {r['before']:>6.2f} {r['final']:>6.2f}   {_cell(r['reached']['0.5']):>16}"
               f"   {_cell(r['reached']['0.9']):>16}   {r['steps']:>5} {r['wall_s']:>6.1f}")
     for algo in dict.fromkeys(r["algo"] for r in results):
         ok = [r for r in results if r["algo"] == algo and "error" not in r]
@@ -98,7 +104,9 @@ def report(results: list[dict]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algo", choices=("grpo", "ppo", "both"), default="both")
+    parser.add_argument("--algo", default="both",
+                        help="grpo, ppo, both (grpo and ppo), or any algorithm of hybridflow.algorithms, or several "
+                             "comma-separated (dapo,cispo): trained with the grpo_arith recipe")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0-4)")
     parser.add_argument("--steps", type=int, default=None, help="override each recipe's step count")
     parser.add_argument("--ppo-time-budget", type=float, default=None,
@@ -108,7 +116,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="write every result (with its curve) to this file")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    algos = ("grpo", "ppo") if args.algo == "both" else (args.algo,)
+    algos = ("grpo", "ppo") if args.algo == "both" else tuple(a.strip() for a in args.algo.split(",") if a.strip())
+    sys.path.insert(0, str(ROOT))
+    from hybridflow.algorithms import ALGORITHMS
+
+    unknown = [a for a in algos if a not in ALGORITHMS]
+    if unknown:
+        parser.error(f"unknown algorithm(s) {', '.join(unknown)}; the standard ones are {', '.join(ALGORITHMS)}")
     jobs = [(algo, seed) for algo in algos for seed in seeds]
     root = Path(args.out).resolve()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

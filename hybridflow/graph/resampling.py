@@ -31,6 +31,7 @@ the body reads a graph input the body reads (those inputs change every round).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -99,11 +100,19 @@ def expected_rounds(groups: int, keep: float, max_rounds: int) -> float:
     """
     if groups < 1 or max_rounds < 1 or not 0.0 < keep <= 1.0:
         raise ValueError(f"need groups >= 1, max_rounds >= 1 and 0 < keep <= 1, got {groups}, {max_rounds}, {keep}")
-    total = 1.0
-    for k in range(1, max_rounds):
-        trials = k * groups
-        total += sum(math.comb(trials, j) * keep**j * (1.0 - keep) ** (trials - j) for j in range(groups))
-    return total
+    return 1.0 + sum(_binomial_cdf_below(k * groups, keep, groups) for k in range(1, max_rounds))
+
+
+@functools.lru_cache(maxsize=256)
+def _binomial_cdf_below(trials: int, p: float, below: int) -> float:
+    """``P(Binomial(trials, p) < below)``, summed in log space (a million trials stay finite)."""
+    if p >= 1.0:
+        return 1.0 if trials < below else 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    log_n = math.lgamma(trials + 1)
+    terms = (log_n - math.lgamma(j + 1) - math.lgamma(trials - j + 1) + j * log_p + (trials - j) * log_q
+             for j in range(min(below, trials + 1)))
+    return min(1.0, sum(math.exp(t) for t in terms))
 
 
 # -- validation --------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ through :func:`warnings.warn`).
    FrozenRoleUpdateError), the inputs are exactly the op's, with matching
    dtypes and consistently unified dims (MissingFieldError, TypeMismatchError),
    and the declared outputs are what the op produces (TypeMismatchError);
-6. updates: each trainable role at most once (DoubleUpdateError), after every
+6. dynamic sampling: the resample region's rules (:func:`~.resampling.check_resample`, ResampleError);
+7. updates: each trainable role at most once (DoubleUpdateError), after every
    other node that reads that role's weights (UpdateOrderError);
-7. dynamic sampling: the resample region's rules (:func:`~.resampling.check_resample`, ResampleError);
 8. warnings: a node whose outputs no node reads (UnusedValueWarning).
 """
 from __future__ import annotations
@@ -157,8 +157,8 @@ def validate(graph: Graph) -> list[UnusedValueWarning]:
     producers = graph.producers()
     for node in graph.nodes:
         _check_node(graph, node, producers)
-    _check_updates(graph)
     check_resample(graph)
+    _check_updates(graph)
     found = _unused(graph)
     for warning in found:
         warnings.warn(warning, stacklevel=2)
