@@ -60,6 +60,16 @@ def curve_of(metrics_file: Path) -> list[tuple[int, float, float]]:
     return curve
 
 
+def dynamic_sampling_of(metrics_file: Path) -> dict | None:
+    """Means over the run's steps of a dynamic-sampling algorithm's metrics (DAPO), None for the others."""
+    steps = [r for r in map(json.loads, metrics_file.read_text().splitlines()) if "dynamic_sampling/rounds" in r]
+    if not steps:
+        return None
+    mean = lambda key: round(statistics.mean(r[f"dynamic_sampling/{key}"] for r in steps), 3)
+    return {"dropped_group_frac": mean("dropped_group_frac"), "extra_rounds": mean("extra_rounds"),
+            "filled_frac": mean("filled_frac"), "max_extra_rounds": max(r["dynamic_sampling/extra_rounds"] for r in steps)}
+
+
 def first_reached(curve, threshold: float):
     return next(((step, seconds) for step, seconds, acc in curve if acc >= threshold), None)
 
@@ -75,7 +85,8 @@ def run_one(algo: str, seed: int, root: Path, steps: int | None, time_budget: fl
     curve = curve_of(out / "metrics.jsonl")
     return {"algo": algo, "seed": seed, "curve": curve, "wall_s": round(wall, 1), "before": curve[0][2],
             "final": curve[-1][2], "steps": curve[-1][0],
-            "reached": {str(t): first_reached(curve, t) for t in THRESHOLDS}}
+            "reached": {str(t): first_reached(curve, t) for t in THRESHOLDS},
+            "dynamic_sampling": dynamic_sampling_of(out / "metrics.jsonl")}
 
 
 def _cell(hit) -> str:
@@ -91,6 +102,10 @@ def report(results: list[dict]) -> None:
             continue
         print(f"{r['algo']:8} {r['seed']:>4} {r['before']:>6.2f} {r['final']:>6.2f}   {_cell(r['reached']['0.5']):>16}"
               f"   {_cell(r['reached']['0.9']):>16}   {r['steps']:>5} {r['wall_s']:>6.1f}")
+        if r.get("dynamic_sampling"):
+            ds = r["dynamic_sampling"]
+            print(f"{'':8} dynamic sampling, mean per step: {ds['dropped_group_frac']:.3f} of groups dropped, "
+                  f"{ds['extra_rounds']:.2f} extra rounds (max {ds['max_extra_rounds']:.0f}), batch {ds['filled_frac']:.3f} filled")
     for algo in dict.fromkeys(r["algo"] for r in results):
         ok = [r for r in results if r["algo"] == algo and "error" not in r]
         n = len([r for r in results if r["algo"] == algo])
