@@ -10,13 +10,14 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was ne
 
 from .errors import HybridflowError
 
-__all__ = ["__version__", "HybridflowError", "algorithm", "compute", "loss", "StateRule", "register_op", "PPOConfig", "Trainer", "RolloutManager"]
+__all__ = ["__version__", "HybridflowError", "algorithm", "compute", "loss", "resample", "StateRule", "register_op", "PPOConfig", "Trainer", "RolloutManager"]
 
 # The DSL, resolved on first use so that `import hybridflow` (and `hybridflow --help`) stays light.
 _LAZY = {
     "algorithm": ("hybridflow.graph", "algorithm"),
     "compute": ("hybridflow.graph", "compute"),
     "loss": ("hybridflow.graph", "loss"),
+    "resample": ("hybridflow.graph", "resample"),
     "StateRule": ("hybridflow.graph", "StateRule"),
     "register_op": ("hybridflow_ops.registry", "register_op"),
     "compile": ("hybridflow.compiler.compile", "compile"),

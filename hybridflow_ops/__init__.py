@@ -10,10 +10,10 @@ from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .kl import kl_in_reward, kl_penalty, masked_kl, score_to_token_rewards
 from .kl_control import adaptive_kl_coef
 from .advantages import (
-    gae, gpg_advantage, grpo_advantage, opo_advantage, passk_advantage, reinforce_pp_advantage, reinforce_pp_baseline_advantage, remax_advantage, rloo_advantage,
+    gae, gpg_advantage, grpo_advantage, opo_advantage, optimal_token_baseline_advantage, overlong_penalty, uniform_group_filter, passk_advantage, reinforce_pp_advantage, reinforce_pp_baseline_advantage, remax_advantage, rloo_advantage,
 )
 from .losses import (
-    aggregate_loss, cispo, clip_cov, dppo_kl, dppo_tv, entropy_bonus, entropy_from_logits, gmpo, gpg, gspo, kl_cov,
+    aggregate_loss, cispo, clip_cov, dro, dppo_kl, dppo_tv, entropy_bonus, entropy_from_logits, gmpo, gpg, gspo, kl_cov,
     kl_loss, nll, ppo_clip, ppo_clip_is, reinforce, sapo, truncated_is_weight, value_clip,
 )
 from .rollout import old_log_probs_from_rollout
@@ -25,10 +25,11 @@ __all__ = [
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "kl_in_reward", "kl_penalty", "masked_kl", "score_to_token_rewards", "adaptive_kl_coef",
     "gae", "grpo_advantage", "reinforce_pp_advantage", "reinforce_pp_baseline_advantage", "remax_advantage", "rloo_advantage",
-    "gpg_advantage", "opo_advantage", "passk_advantage",
+    "gpg_advantage", "opo_advantage", "passk_advantage", "optimal_token_baseline_advantage", "overlong_penalty",
+    "uniform_group_filter",
     "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "nll", "ppo_clip", "ppo_clip_is",
     "truncated_is_weight", "value_clip", "old_log_probs_from_rollout",
     "icepop_is_weight", "normalize_is_weight", "sequence_is_weight", "sequence_rejection_mask",
-    "cispo", "clip_cov", "dppo_kl", "dppo_tv", "gmpo", "gpg", "kl_cov", "reinforce", "sapo",
+    "cispo", "clip_cov", "dro", "dppo_kl", "dppo_tv", "gmpo", "gpg", "kl_cov", "reinforce", "sapo",
     "TokenLogProbs", "token_logprobs_from_hidden", "token_logprobs_from_logits",
 ]

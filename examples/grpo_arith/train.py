@@ -17,7 +17,13 @@ a constant LR and no KL the policy can lock onto the most frequent sum ("9") wit
 dozen steps on some seeds and machines, and never leave it (``tools/bench_learning.py``
 measures it over seeds).
 
-Run: python examples/grpo_arith/train.py [--out runs/grpo_arith] [--seed 0] [--steps 1000]
+``--algorithm NAME`` trains another standard algorithm of ``hybridflow.algorithms`` (``dapo``,
+``cispo``, ...) with the same recipe: the config fields it has attributes for (``n``,
+``clip_ratio``, ``kl_coef``, ...) apply, the others are ignored with a warning.
+``--response-length`` sets the token budget (DAPO's overlong shaping penalises the last
+token of it, so a DAPO run needs one token more than the longest answer: 4).
+
+Run: python examples/grpo_arith/train.py [--out runs/grpo_arith] [--seed 0] [--steps 1000] [--algorithm grpo]
 Prints the accuracy curve and writes metrics.jsonl (and curve.json) to --out.
 """
 from __future__ import annotations
@@ -31,7 +37,8 @@ from pathlib import Path
 import torch
 
 from hybridflow import PPOConfig
-from hybridflow.algorithms import GRPOTrainer
+from hybridflow.algorithms import ALGORITHMS
+from hybridflow.trainer import Trainer
 from hybridflow.data import create_tiny_model_dir, load_causal_lm, load_tokenizer
 from hybridflow.data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
 from hybridflow.trainer.run_command import stopped_status
@@ -49,6 +56,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--samples", type=int, default=16, help="responses per prompt")
     parser.add_argument("--eval-every", type=int, default=25, help="greedy accuracy on the 100 prompts every this many steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for this model)")
+    parser.add_argument("--algorithm", default="grpo", choices=sorted(ALGORITHMS), help="the standard algorithm to train")
+    parser.add_argument("--response-length", type=int, default=3, help="max new tokens per response")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     out = Path(args.out)
@@ -63,17 +72,17 @@ def main(argv=None) -> dict:
     model.save_pretrained(model_dir)
     print(f"format warm-up: nll {losses[0]:.2f} -> {losses[-1]:.2f} in {time.perf_counter() - start:.1f} s")
 
-    # 2. GRPO
+    # 2. GRPO (or --algorithm)
     config = PPOConfig(
         actor_model_name=str(model_dir), output_dir=str(out), seed=args.seed, num_threads=args.threads,
-        rollout_batch_size=args.prompts, n_samples=args.samples, max_response_length=3, temperature=1.0,
+        rollout_batch_size=args.prompts, n_samples=args.samples, max_response_length=args.response_length, temperature=1.0,
         actor_lr=2e-3, actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05}, adam_betas=(0.9, 0.9999),
         max_grad_norm=1.0, clip_ratio=0.2, loss_agg_mode="token-mean", kl_coef=0.1, kl_type="low_var_kl",
         recompute_old_log_probs=False, max_steps=args.steps, max_time_s=args.max_time, eval_freq=args.eval_every,
         val_samples=1, stop_at_val_score=args.target, resume="never", overwrite=True, trackers=("console", "jsonl"),
         log_every=args.eval_every, progress_bar=False,
     )
-    trainer = GRPOTrainer(config=config)  # the reference model of the KL loss is the warmed-up model
+    trainer = Trainer(config, algorithm=args.algorithm)  # the reference model of the KL loss is the warmed-up model
     history = trainer.train()
 
     curve, elapsed = [], 0.0  # (step, seconds of RL steps so far, greedy accuracy), from the metrics log

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from ..errors import GraphError
 from ..graph import Algorithm
+from .cispo import cispo
+from .clip_cov import clip_cov
+from .dapo import dapo
+from .gmpo import gmpo
+from .gpg import gpg
 from .grpo import grpo
 from .grpo_is import grpo_is
+from .gspo import gspo
+from .kl_cov import kl_cov
+from .opo import opo
+from .passk import passk
 from .ppo import ppo
 from .reinforce_pp import reinforce_pp
 from .remax import remax
@@ -17,6 +26,7 @@ from .rloo import rloo
 from .safe_rlhf import safe_rlhf
 
 __all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "grpo_is", "rloo", "reinforce_pp", "remax", "safe_rlhf",
+           "dapo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov", "opo", "gpg", "passk",
            "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer"]
 
 _TRAINERS = ("PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer")
@@ -32,6 +42,8 @@ def __getattr__(name: str):
 
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": ppo, "grpo": grpo, "grpo_is": grpo_is, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
+    "dapo": dapo, "gspo": gspo, "cispo": cispo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "opo": opo,
+    "gpg": gpg, "passk": passk,
 }
 """Algorithm name -> its traceable definition."""
 

@@ -184,6 +184,10 @@ def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str
         models = {actor_role(graph): models}
     if staleness < 0:
         raise PlanError(f"staleness must be >= 0, got {staleness}")
+    if staleness and graph.resample:
+        raise PlanError(f"graph {graph.name!r} resamples part of each iteration (dynamic sampling: "
+                        f"{', '.join(graph.resample[0].nodes)}); its rounds cannot overlap the next step's generation. "
+                        "Compile it with staleness 0")
     ctx = CompileContext(graph=graph, cluster=cluster, models=resolve_models(graph, models), batch=batch or BatchShape(),
                          options=options or CostOptions(), placement=parse_placement(placement), staleness=staleness,
                          engines=check_engines(engines, "compile(engines=...)"))

@@ -9,8 +9,10 @@
   update), the ``role`` it runs on (``controller`` for compute nodes), the
   ``op`` it runs, its inputs, its output :class:`Schema` and a typed
   attribute record (see :mod:`hybridflow.graph.attrs`).
-* :class:`Graph` — roles, graph inputs, nodes in a topological order, and graph
-  attributes (the algorithm's keyword arguments).
+* :class:`Graph` — roles, graph inputs, nodes in a topological order, graph
+  attributes (the algorithm's keyword arguments), and the dynamic-sampling
+  regions (:class:`~hybridflow.graph.resampling.Resample`: a part of the graph
+  repeated, behind a data-dependent filter, until the batch is full).
 
 Node ops: generate nodes run ``generate``; infer nodes ``logprob`` or
 ``values``; score nodes ``score``; update nodes ``update`` (their loss terms
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from ..errors import GraphError
 from .attrs import ATTRS_BY_KIND, NodeAttrs, Params, make_params
+from .resampling import Resample
 from .schema import Schema
 
 if TYPE_CHECKING:
@@ -143,10 +146,13 @@ class Graph:
     inputs: tuple[GraphInput, ...]
     nodes: tuple[Node, ...]
     attrs: Params = ()
+    resample: tuple[Resample, ...] = ()
+    """Dynamic-sampling regions (at most one; see :mod:`hybridflow.graph.resampling`)."""
 
     def __post_init__(self) -> None:
         _check_name(self.name, "graph name")
-        for what, items, kind in (("roles", self.roles, Role), ("inputs", self.inputs, GraphInput), ("nodes", self.nodes, Node)):
+        for what, items, kind in (("roles", self.roles, Role), ("inputs", self.inputs, GraphInput), ("nodes", self.nodes, Node),
+                                  ("resample", self.resample, Resample)):
             if not isinstance(items, tuple) or not all(isinstance(x, kind) for x in items):
                 raise GraphError(f"graph {self.name!r}: {what} must be a tuple of {kind.__name__}, got {items!r}")
         roles = [r.name for r in self.roles]
@@ -177,6 +183,10 @@ class Graph:
         found = {i.name: i.schema for i in self.inputs}
         found.update((n.name, n.outputs) for n in self.nodes)
         return found
+
+    def resample_of(self, node: str) -> Resample | None:
+        """The dynamic-sampling region whose body holds ``node``, if any."""
+        return next((r for r in self.resample if node in r.nodes), None)
 
     def consumers(self, name: str) -> tuple[Node, ...]:
         """The nodes that read at least one field of producer ``name``."""

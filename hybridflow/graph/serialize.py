@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import GraphError
 from .attrs import attrs_from_dict, attrs_to_dict, make_params
 from .ir import Graph, GraphInput, Input, Node, Role
+from .resampling import resample_from_dict, resample_to_dict
 from .schema import Schema, parse_field
 
 __all__ = ["FORMAT", "VERSION", "graph_to_dict", "graph_from_dict", "graph_to_json", "graph_from_json"]
@@ -50,6 +51,7 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
         "roles": [{"name": r.name, "kind": r.kind, "trainable": r.trainable} for r in graph.roles],
         "inputs": [{"name": i.name, "fields": _schema_to_list(i.schema)} for i in graph.inputs],
         "nodes": [_node_to_dict(n) for n in graph.nodes],
+        **({"resample": [resample_to_dict(r) for r in graph.resample]} if graph.resample else {}),
     }
 
 
@@ -91,7 +93,8 @@ def _node(data: object, where: str) -> Node:
 
 
 def graph_from_dict(data: object) -> Graph:
-    d = _obj(data, ("format", "version", "name", "attrs", "roles", "inputs", "nodes"), "graph")
+    keys = ("format", "version", "name", "attrs", "roles", "inputs", "nodes")
+    d = _obj(data, keys + (("resample",) if isinstance(data, dict) and "resample" in data else ()), "graph")
     if d["format"] != FORMAT or d["version"] != VERSION:
         raise GraphError(f"not a hybridflow graph of version {VERSION}: format={d['format']!r}, version={d['version']!r}")
     if not isinstance(d["attrs"], dict):
@@ -104,6 +107,7 @@ def graph_from_dict(data: object) -> Graph:
                          for i in (_obj(x, ("name", "fields"), "graph input") for x in _list(d["inputs"], "graph inputs"))),
             nodes=tuple(_node(n, f"node #{k}") for k, n in enumerate(_list(d["nodes"], "graph nodes"))),
             attrs=make_params(d["attrs"], "graph attrs"),
+            resample=tuple(resample_from_dict(r, f"resample #{k}") for k, r in enumerate(_list(d.get("resample", []), "graph resample"))),
         )
     except (TypeError, ValueError) as err:  # a record given a value of the wrong type deep inside
         raise GraphError(f"malformed graph JSON: {err}") from None

@@ -7,6 +7,7 @@
     input prompts (prompt_ids: int64[B, P], prompt_mask: int64[B, P])
     node gae: compute @controller gae(token_rewards=kl_in_reward.token_rewards, values=critic.values.values, ...) {"gamma": 1.0}
         -> (advantages: float32[B, R], returns: float32[B, R])
+    resample {"nodes": ["actor.generate", "reward.score", "uniform_group_filter"], "filter": "uniform_group_filter", ...}
 
 An input ``name=source.field`` reads field ``field`` of producer ``source``
 (split at the last dot) as ``name``. Attribute values and node attribute
@@ -22,6 +23,7 @@ import re
 from ..errors import GraphError
 from .attrs import attrs_from_dict, attrs_to_dict, make_params
 from .ir import Graph, GraphInput, Input, Node, Role
+from .resampling import resample_from_dict, resample_to_dict
 from .schema import Schema, parse_field
 
 __all__ = ["graph_to_text", "graph_from_text"]
@@ -49,6 +51,7 @@ def graph_to_text(graph: Graph) -> str:
         inputs = ", ".join(str(i) for i in n.inputs)
         lines.append(f"node {n.name}: {n.kind} @{n.role} {n.op}({inputs}) {_json(attrs_to_dict(n.attrs))}")
         lines.append(f"    -> {n.outputs}")
+    lines += [f"resample {_json(resample_to_dict(r))}" for r in graph.resample]
     return "\n".join(lines) + "\n"
 
 
@@ -121,7 +124,7 @@ def graph_from_text(text: str) -> Graph:
     if not header:
         raise GraphError("graph text must start with a line 'graph NAME'")
     attrs: dict[str, object] = {}
-    roles, inputs, nodes = [], [], []
+    roles, inputs, nodes, regions = [], [], [], []
     for number, line in lines[1:]:
         where = f"line {number}"
         head, _, outputs = line.partition("\n")
@@ -133,12 +136,14 @@ def graph_from_text(text: str) -> Graph:
             roles.append(Role(m.group(1), m.group(2), m.group(3) == "trainable"))
         elif m := _INPUT.match(line):
             inputs.append(GraphInput(m.group(1), _schema(m.group(2))))
+        elif line.startswith("resample "):
+            regions.append(resample_from_dict(_load(line[len("resample "):], where), where))
         elif head.startswith("node "):
             out = _OUTPUTS.match(outputs)
             if not out:
                 raise GraphError(f"{where}: node line must be followed by its outputs line '    -> (...)'")
             nodes.append(_node(head, out.group(1), where))
         else:
-            raise GraphError(f"{where}: cannot read {line!r}; expected an attr, role, input or node line")
+            raise GraphError(f"{where}: cannot read {line!r}; expected an attr, role, input, node or resample line")
     return Graph(name=header.group(1), roles=tuple(roles), inputs=tuple(inputs), nodes=tuple(nodes),
-                 attrs=make_params(attrs, "graph attrs"))
+                 attrs=make_params(attrs, "graph attrs"), resample=tuple(regions))

@@ -50,6 +50,10 @@ class Tracer:
     def __init__(self, name: str, roles: dict[str, Role], inputs: tuple[GraphInput, ...]):
         self.name, self.roles, self.inputs = name, roles, inputs
         self.nodes: list[Node] = []
+        self.resample: list = []
+        """Dynamic-sampling regions closed so far (:mod:`.resampling`)."""
+        self.resample_region = None
+        """The open ``with hf.resample(...)`` block, if any."""
         self._token = None
 
     def __enter__(self) -> "Tracer":
@@ -65,7 +69,10 @@ class Tracer:
     def graph(self, attrs: tuple) -> Graph:
         used = {n.role for n in self.nodes}
         roles = tuple(r for r in self.roles.values() if r.name in used)
-        return Graph(name=self.name, roles=roles, inputs=self.inputs, nodes=tuple(self.nodes), attrs=attrs)
+        if self.resample_region is not None:
+            raise TraceError("a with hf.resample(...) block is still open at the end of the algorithm")
+        return Graph(name=self.name, roles=roles, inputs=self.inputs, nodes=tuple(self.nodes), attrs=attrs,
+                     resample=tuple(self.resample))
 
     # -- recording ---------------------------------------------------------------------
     def _unique(self, base: str) -> str:

@@ -15,9 +15,10 @@ through :func:`warnings.warn`).
    FrozenRoleUpdateError), the inputs are exactly the op's, with matching
    dtypes and consistently unified dims (MissingFieldError, TypeMismatchError),
    and the declared outputs are what the op produces (TypeMismatchError);
-6. updates: each trainable role at most once (DoubleUpdateError), after every
+6. dynamic sampling: the resample region's rules (:func:`~.resampling.check_resample`, ResampleError);
+7. updates: each trainable role at most once (DoubleUpdateError), after every
    other node that reads that role's weights (UpdateOrderError);
-7. warnings: a node whose outputs no node reads (UnusedValueWarning).
+8. warnings: a node whose outputs no node reads (UnusedValueWarning).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from .errors import (
     UndeclaredRoleError, UnusedValueWarning, UpdateOrderError,
 )
 from .ir import CONTROLLER, Graph, Node
+from .resampling import check_resample
 from .signature import Signature, bind_inputs, node_signature, output_fields
 
 __all__ = ["validate"]
@@ -137,7 +139,7 @@ def _check_updates(graph: Graph) -> None:
 
 
 def _unused(graph: Graph) -> list[UnusedValueWarning]:
-    read = {i.source for n in graph.nodes for i in n.inputs}
+    read = {i.source for n in graph.nodes for i in n.inputs} | {r.filter for r in graph.resample}
     return [
         UnusedValueWarning(f"node {n.name!r}: its outputs ({', '.join(n.outputs.names)}) are never read; drop the node or use its value")
         for n in graph.nodes if n.outputs.fields and n.name not in read
@@ -155,6 +157,7 @@ def validate(graph: Graph) -> list[UnusedValueWarning]:
     producers = graph.producers()
     for node in graph.nodes:
         _check_node(graph, node, producers)
+    check_resample(graph)
     _check_updates(graph)
     found = _unused(graph)
     for warning in found:

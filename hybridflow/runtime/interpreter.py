@@ -17,6 +17,10 @@ streams:
 * the executor waits on every in-flight op at once and finishes each as its
   slots' results arrive.
 
+A graph's dynamic-sampling region (:mod:`hybridflow.graph.resampling`) is run here too, by
+the :class:`~.resampling.ResampleRun` of the stream: ops after the region wait for it, and
+when its filter has run its body's ops are sent again until the batch is full.
+
 A backend (a subclass) says only how a call reaches a slot and how its result
 comes back: :meth:`PlanExecutor._send` (``slot.method(*args)``: at once on the
 LocalExecutor's in-process slots, a Ray object ref on the RayExecutor's
@@ -36,6 +40,7 @@ from ..graph import CONTROLLER
 from .batch import Batch
 from .dispatch import merge_results, split_for_ranks
 from .node_calls import node_call, node_output, reused_log_probs, run_compute
+from .resampling import Refill, ResampleRun
 from .roles import RoleSpec
 from .spans import Span, SpanRecorder
 from .topology import Slot, Topology, sync_group, topology
@@ -83,6 +88,8 @@ class Stream:
     inflight: dict[str, InFlight] = field(default_factory=dict)
     inputs: Mapping[str, Batch] | None = None
     """The graph inputs this stream works on (a generation ahead is matched to the next call's inputs)."""
+    resample: ResampleRun | None = None
+    """The graph's dynamic-sampling region, when it has one."""
 
     @property
     def finished(self) -> bool:
@@ -193,7 +200,7 @@ class PlanExecutor(ABC):
 
     # -- one iteration -----------------------------------------------------------------------
     def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None,
-                      params: Mapping[str, Mapping[str, object]] | None = None) -> IterationResult:
+                      params: Mapping[str, Mapping[str, object]] | None = None, refill: Refill | None = None) -> IterationResult:
         """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
 
         ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for the ops
@@ -202,16 +209,23 @@ class PlanExecutor(ABC):
         With a plan of ``staleness`` 1, ``next_inputs`` are the next step's inputs: their generation
         (the ops with ``iteration_offset`` 1) starts now, with the weights before this step's update,
         runs while this step trains, and is what the next call trains on (see :mod:`.overlap`).
+
+        ``refill(round)`` gives the graph inputs of each further round of a dynamic-sampling
+        region (the next prompts of the data); None: every round resamples ``inputs``.
         """
         self.graph = self.plan_graph.with_params(params or {})
         self._check_inputs(inputs)
         if self.plan.staleness == 0:
             stream = Stream(list(self.plan.ops), IterationState(env=dict(inputs)), self.iteration)
+            stream.resample = ResampleRun.start(self.graph, self.plan.ops, inputs, refill)
             self._drive([stream], stream)
             self.iteration += 1
             return IterationResult(env=stream.state.env, metrics=stream.state.metrics)
         from .overlap import run_overlapped
 
+        if self.graph.resample:
+            raise ExecutionError(f"graph {self.graph.name!r} resamples part of each iteration (dynamic sampling), which "
+                                 f"a plan with staleness {self.plan.staleness} cannot overlap; compile it with staleness 0")
         if next_inputs is not None:
             self._check_inputs(next_inputs)
         return run_overlapped(self, inputs, next_inputs)
@@ -273,6 +287,8 @@ class PlanExecutor(ABC):
         while progress:
             progress, blocked = False, set()
             for op in list(stream.pending):
+                if stream.resample is not None and stream.resample.holds(op):
+                    continue  # after the dynamic-sampling region; it does not block its pools' rounds
                 pools = {op.pool, op.target_pool} - {None}
                 if not all(d in stream.done for d in op.deps) or pools & blocked:
                     blocked |= pools
@@ -282,6 +298,7 @@ class PlanExecutor(ABC):
                 if op.pool is None:
                     self._run_controller(op, stream)
                     stream.done.add(op.name)
+                    self._after_filter(op, stream)
                     progress = True
                 else:
                     try:
@@ -291,6 +308,15 @@ class PlanExecutor(ABC):
                     except Exception as err:
                         raise ExecutionError(f"op {op.name!r} (role {op.role!r} on pool {op.pool!r}) could not be sent: "
                                              f"{type(err).__name__}: {err}") from err
+
+    @staticmethod
+    def _after_filter(op: PlanOp, stream: Stream) -> None:
+        """After a dynamic-sampling filter: send the region's body again, or let the ops after it go."""
+        if stream.resample is None or op.node != stream.resample.spec.filter:
+            return
+        again = stream.resample.filter_done(stream.state.env, stream.state.metrics)
+        stream.done.difference_update(o.name for o in again)
+        stream.pending[:0] = again
 
     def _run_controller(self, op: PlanOp, stream: Stream) -> None:
         node = self.graph.node(op.node)

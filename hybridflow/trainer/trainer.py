@@ -336,6 +336,8 @@ class Trainer:
             self._ahead = (following, self._prompt_batch(following))
             ahead = {"next_inputs": {"prompts": self._ahead[1]}}
         start, first_span = time.perf_counter(), len(self.executor.recorder.spans)
+        if self.graph.resample:  # dynamic sampling: each further round draws the loader's next prompts
+            ahead["refill"] = lambda round_: {"prompts": self._prompt_batch(self.loader.next_batch())}
         result = self.executor.run_iteration({"prompts": prompts}, params=self.algorithm_state.node_params(), **ahead)
         elapsed = time.perf_counter() - start
         role_kinds = {r.name: r.kind for r in self.graph.roles}

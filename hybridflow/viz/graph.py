@@ -96,8 +96,17 @@ def graph_to_dot(graph: Graph):
                            edge_attr={"fontname": "Helvetica", "fontsize": "9", "color": "#555555", "fontcolor": "#333333"})
     for graph_input in graph.inputs:
         dot.node(graph_input.name, _label(graph_input.name, ", ".join(graph_input.schema.names)), fillcolor=INPUT_COLOUR, **KIND_SHAPES["input"])
+    regions = {n: r for r in graph.resample for n in r.nodes}
     for node in graph.nodes:
-        dot.node(node.name, _label(node.name, _DETAIL[node.kind](node)), fillcolor=colours.get(node.role, "#ffffff"), **KIND_SHAPES[node.kind])
+        if node.name not in regions:
+            dot.node(node.name, _label(node.name, _DETAIL[node.kind](node)), fillcolor=colours.get(node.role, "#ffffff"), **KIND_SHAPES[node.kind])
+    for k, region in enumerate(graph.resample):  # a dynamic-sampling body: one dashed box, its bound and filter in the label
+        with dot.subgraph(name=f"cluster_resample_{k}") as box:
+            box.attr(label=f"{region.name}: repeat until full, <= {region.max_rounds} rounds (keep: {region.filter})",
+                     style="dashed", color="#aa3333", fontcolor="#aa3333", fontsize="10")
+            for name in region.nodes:
+                node = graph.node(name)
+                box.node(name, _label(name, _DETAIL[node.kind](node)), fillcolor=colours.get(node.role, "#ffffff"), **KIND_SHAPES[node.kind])
     for (source, target), fields in _edges(graph).items():
         dot.edge(source, target, label=_edge_label(fields))
     _legend(dot, graph, colours)

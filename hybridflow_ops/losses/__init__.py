@@ -2,7 +2,7 @@
 
 Importing this package registers the loss ops ``ppo_clip``, ``ppo_clip_is``,
 ``gspo``, ``gmpo``, ``cispo``, ``reinforce``, ``gpg``, ``clip_cov``, ``kl_cov``,
-``sapo``, ``dppo_tv``, ``dppo_kl``, ``kl_loss``, ``value_clip``, ``entropy_bonus``
+``sapo``, ``dro``, ``dppo_tv``, ``dppo_kl``, ``kl_loss``, ``value_clip``, ``entropy_bonus``
 and the compute op ``truncated_is_weight``.
 """
 from .aggregate import LOSS_AGG_MODES, aggregate_loss, count_seqs, count_tokens
@@ -12,7 +12,7 @@ from .gmpo import GMPOLoss, gmpo
 from .kl_loss import KLLoss, kl_loss
 from .nll import NLLLoss, nll
 from .policy import GSPOLoss, ISWeights, PolicyLoss, gspo, ppo_clip, ppo_clip_is, truncated_is_weight
-from .reinforce import CISPOLoss, PGLoss, cispo, gpg, reinforce
+from .reinforce import CISPOLoss, DROLoss, PGLoss, cispo, dro, gpg, reinforce
 from .trust_region import DPPOLoss, SAPOLoss, binary_kl, dppo_kl, dppo_tv, sapo
 from .value import ValueLoss, value_clip
 
@@ -23,6 +23,6 @@ __all__ = [
     "GSPOLoss", "ISWeights", "PolicyLoss", "gspo", "ppo_clip", "ppo_clip_is", "truncated_is_weight",
     "ValueLoss", "value_clip",
     "ClipCovLoss", "KLCovLoss", "clip_cov", "kl_cov", "token_covariance", "GMPOLoss", "gmpo",
-    "CISPOLoss", "PGLoss", "cispo", "gpg", "reinforce",
+    "CISPOLoss", "DROLoss", "PGLoss", "cispo", "dro", "gpg", "reinforce",
     "DPPOLoss", "SAPOLoss", "binary_kl", "dppo_kl", "dppo_tv", "sapo",
 ]

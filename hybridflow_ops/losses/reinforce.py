@@ -1,4 +1,4 @@
-"""Score-function losses ``-w A log pi``: plain REINFORCE, GPG and CISPO.
+"""Score-function losses ``-w A log pi``: plain REINFORCE, GPG, CISPO, and DRO (with a quadratic penalty).
 
 The three differ only in the detached weight ``w`` in front of ``A log pi`` and in
 their default aggregation: REINFORCE and GPG have no weight (on-policy, no ratio),
@@ -16,7 +16,7 @@ from ..registry import register_op
 from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric
 from .aggregate import aggregate_loss
 
-__all__ = ["PGLoss", "CISPOLoss", "reinforce", "gpg", "cispo"]
+__all__ = ["PGLoss", "CISPOLoss", "DROLoss", "reinforce", "gpg", "cispo", "dro"]
 
 _LOG_PROBS = ("log_probs: float32[B, R]",)
 _PG_INPUTS = ("advantages: float32[B, R]", "response_mask: float32[B, R]")
@@ -143,3 +143,55 @@ def cispo(
         pg_clipfrac=token_metric(weight != ratio, valid, loss_mat.dtype),
         ppo_kl=token_metric(-log_ratio, valid),
     )
+
+
+class DROLoss(NamedTuple):
+    loss: torch.Tensor
+    ppo_kl: torch.Tensor
+
+
+@register_op(
+    "dro", model_inputs=_LOG_PROBS, inputs=("old_log_probs: float32[B, R]",) + _PG_INPUTS, outputs=_LOSS, kind="loss",
+)
+def dro(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    loss_agg_mode: str = "token-mean",
+    global_tokens: int | float | torch.Tensor | None = None,
+    global_seqs: int | float | torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> DROLoss:
+    """DRO: REINFORCE with a quadratic penalty on the log-ratio to the sampling policy.
+
+    Shapes: log_probs (with grad), old_log_probs, advantages, response_mask ``(b, r)`` -> loss and metrics, scalars.
+
+        l_t  = -A_t log pi(y_t) + beta / 2 (log pi(y_t) - log pi_old(y_t))^2          (DRO)
+        grad = -(A_t - beta log(pi / pi_old)) grad log pi(y_t)
+        loss = aggregate_loss(l, response_mask, mode=loss_agg_mode, ...)
+
+    This is the per-token form of Direct Reward Optimization (Richemond et al. 2024), whose
+    single-trajectory loss is ``1/2 (r - V - tau log(pi / pi_ref))^2``: its gradient is
+    ``-tau (r - V - tau log(pi / pi_ref)) grad log pi``. With the advantage ``A`` in place of
+    ``r - V``, the sampling policy ``pi_old`` as the regulariser and the gradient divided by
+    ``tau = beta``'s scale, it is the gradient above: the update follows ``A`` and is pulled
+    back in proportion to how far the token's log-prob has moved, instead of being cut off
+    by a clip. This is the ``dro`` policy loss of verl's registry (the same formula).
+    On-policy (``pi = pi_old``) the penalty and its gradient vanish and DRO is REINFORCE.
+    The penalty does not vanish with the advantage once the policy has moved, so this loss
+    declares no ``vanishes_with``. The log-ratio is not clamped (it enters squared, not exponentiated).
+    Metric: ``ppo_kl`` (mean of ``old_log_probs - log_probs``).
+    Reference: Richemond et al. 2024, "Offline Regularised Reinforcement Learning for Large
+    Language Models Alignment", arXiv 2405.19107 (DRO).
+    """
+    if beta < 0.0:
+        raise ValueError(f"DRO's beta must be >= 0, got {beta}")
+    valid = check_loss_inputs(response_mask, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages)
+    new = select_valid(log_probs, valid)
+    log_ratio = new - select_valid(old_log_probs, valid)
+    loss_mat = -select_valid(advantages, valid) * new + 0.5 * beta * log_ratio.square()
+    agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
+    return DROLoss(loss=aggregate_loss(loss_mat, response_mask, **agg), ppo_kl=token_metric(-log_ratio, valid))

@@ -166,7 +166,8 @@ def test_every_standard_algorithm_keeps_its_contracts(name, monkeypatch):
     checked = []
     check = contracts.check_node_output
     monkeypatch.setattr(contracts, "check_node_output", lambda node, *a: (checked.append(node.name), check(node, *a)))
-    graph = ALGORITHMS[name].build(**({"n": 2} if "n" in dict(ALGORITHMS[name].build().attrs) else {}))
+    overrides = {"n": 2} if "n" in dict(ALGORITHMS[name].build().attrs) else {}
+    graph = ALGORITHMS[name].build(**overrides, **({"k": 2} if name == "passk" else {}))  # pass@k needs n >= k
     reward = (lambda *a, **k: 1.0) if name == "safe_rlhf" else None
     executor = LocalExecutor(plan_local(graph), _specs(graph, **({"reward": reward} if reward else {})))
     for _ in range(2):

@@ -61,7 +61,8 @@ def _prompts(n=4):
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_standard_algorithm_runs_one_iteration(name, tmp_path):
-    graph = ALGORITHMS[name].build(**({"n": 2} if "n" in dict(graph_attrs(name)) else {}))
+    overrides = {"n": 2} if "n" in dict(graph_attrs(name)) else {}
+    graph = ALGORITHMS[name].build(**overrides, **({"k": 2} if name == "passk" else {}))  # pass@k needs n >= k
     executor = LocalExecutor(local_plan_for(graph), _specs(graph, reward=lambda *a, **k: 1.0 if name == "safe_rlhf" else compute_score(*a, **k)))
     result = executor.run_iteration({"prompts": _prompts()})
     assert set(result.env) == {"prompts"} | {n.name for n in graph.nodes}
@@ -71,8 +72,15 @@ def test_every_standard_algorithm_runs_one_iteration(name, tmp_path):
             assert torch.isfinite(value.float()).all(), (node.name, field.name)
     updated = {n.role for n in graph.nodes if n.kind == "update"}
     assert any(k.endswith("/grad_norm") for k in result.metrics) == bool(updated)
-    # One span per op, written as a Chrome trace that names every op.
-    assert [s.op for s in executor.recorder.spans] == [op.name for op in executor.plan.ops]
+    # One span per op (per round for the ops of a dynamic-sampling region), written as a Chrome trace that names every op.
+    if graph.resample:
+        from collections import Counter
+
+        body = [op.name for op in executor.plan.ops if op.node in graph.resample[0].nodes]
+        repeats = Counter(body * int(result.metrics["dynamic_sampling/extra_rounds"]))
+        assert Counter(s.op for s in executor.recorder.spans) == Counter(op.name for op in executor.plan.ops) + repeats
+    else:
+        assert [s.op for s in executor.recorder.spans] == [op.name for op in executor.plan.ops]
     trace = json.loads(write_chrome_trace(executor.recorder.spans, tmp_path / "trace.json").read_text())
     assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} == {op.name for op in executor.plan.ops}
 

@@ -142,3 +142,16 @@ def test_trainer_steps_the_actor_lr_along_its_schedule(fast_config):
     history = Trainer(config, algorithm="grpo").train()
     got = [m["actor/lr"] for m in history]
     assert got == pytest.approx([1e-2, 1e-2, 0.775e-2, 0.325e-2], rel=1e-6)
+
+
+def test_config_accepts_every_kl_estimator_and_aggregation_mode_the_ops_have():
+    import typing
+
+    from hybridflow_ops.kl import KL_TYPES
+    from hybridflow_ops.losses.aggregate import LOSS_AGG_MODES
+
+    fields = PPOConfig.model_fields
+    assert set(typing.get_args(fields["kl_type"].annotation)) == set(KL_TYPES)
+    assert set(typing.get_args(fields["loss_agg_mode"].annotation)) == set(LOSS_AGG_MODES)
+    config = PPOConfig(kl_type="k3+", loss_agg_mode="token-sum")
+    assert (config.kl_type, config.loss_agg_mode) == ("k3+", "token-sum")

@@ -8,7 +8,9 @@ memory the rest of the pool holds meanwhile, as the placement search does
 other role's states stay on the device; in an offload pool only the working
 role's states are there. Batch sizes follow the node's rollout: an infer or
 score node reading a generate node with ``n`` samples works on ``prompts x n``
-sequences.
+sequences. A node inside a dynamic-sampling region (:mod:`hybridflow.graph.resampling`) runs
+once per round: its time is multiplied by the region's expected rounds
+(:func:`~hybridflow.graph.resampling.expected_rounds` of its ``expected_keep`` prior).
 """
 from __future__ import annotations
 
@@ -138,7 +140,9 @@ def _node(view: PlanView, op: PlanOp) -> CostRecord:
     """The node's cost rule, plus the cluster's fixed ``op_overhead_s`` and the pool's other resident states."""
     node = view.nodes[op.node]
     record = (_compute if op.reuse else NODE_COSTS[node.kind])(view, op, node)
-    time_s = record.time_s + view.ctx.cluster.op_overhead_s
+    region = view.ctx.graph.resample_of(node.name)
+    rounds = region.expected_rounds(view.ctx.batch.prompts) if region is not None else 1.0
+    time_s = (record.time_s + view.ctx.cluster.op_overhead_s) * rounds
     extra = 0.0 if node.kind == "generate" or op.pool is None else view.others(op.role, op.pool)
     return CostRecord(record.kind, time_s, record.peak_memory_bytes + extra, record.parts, record.problem)
 
