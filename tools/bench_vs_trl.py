@@ -147,15 +147,26 @@ def print_seed(seed: int, figures: dict[str, dict]) -> None:
                            f"{f['s_per_step']:.2f} s/step" for s, f in figures.items()))
 
 
+def _sem(values: list[float]) -> float:
+    """Standard error of the mean (nan for fewer than 2 values)."""
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+
+
 def print_summary(per_seed: dict[int, dict[str, dict]]) -> dict:
     sides = list(next(iter(per_seed.values())))
     steps = sorted(set.intersection(*(set(f["acc"]) for figs in per_seed.values() for f in figs.values())))
     mean = {side: {step: statistics.fmean(figs[side]["acc"][step] for figs in per_seed.values()) for step in steps}
             for side in sides}
-    print(f"\nmean over {len(per_seed)} seeds: greedy accuracy")
-    print("  step " + "".join(f"{side:>12}" for side in sides))
+    print(f"\nmean over {len(per_seed)} seeds: greedy accuracy +- standard error"
+          + (f"; {sides[0]} - {sides[1]} paired by seed (same model folder)" if len(sides) == 2 else ""))
+    print("  step " + "".join(f"{side:>16}" for side in sides) + ("          paired" if len(sides) == 2 else ""))
     for step in steps:
-        print(f"  {step:4d} " + "".join(f"{mean[s][step]:12.3f}" for s in sides))
+        line = "".join(f"{mean[s][step]:9.3f} +- {_sem([f[s]['acc'][step] for f in per_seed.values()]):.3f}"
+                       for s in sides)
+        if len(sides) == 2:
+            diff = [f[sides[0]]["acc"][step] - f[sides[1]]["acc"][step] for f in per_seed.values()]
+            line += f"  {statistics.fmean(diff):+7.3f} +- {_sem(diff):.3f}"
+        print(f"  {step:4d} " + line)
     totals = {side: {"grad_gt1": sum(figs[side]["grad_gt1"] for figs in per_seed.values()),
                      "steps": sum(figs[side]["steps"] for figs in per_seed.values()),
                      "final_acc": statistics.fmean(figs[side]["acc"][steps[-1]] for figs in per_seed.values()),
