@@ -14,6 +14,7 @@ __all__ = [
     "TraceError",
     "OpError",
     "ConfigError",
+    "UnknownAlgorithmError",
     "PlacementError",
     "PlanError",
     "ExecutionError",
@@ -59,6 +60,10 @@ class OpError(HybridflowError):
 
 class ConfigError(HybridflowError, ValueError):
     """A configuration value is invalid; the message names the field path."""
+
+
+class UnknownAlgorithmError(ConfigError, GraphError):
+    """A name given as the algorithm is no built-in, no ``package.module:function`` and no graph file."""
 
 
 class PlacementError(HybridflowError):

@@ -183,6 +183,9 @@ def register_op(
         if name in _REGISTRY and not replace:
             raise OpRegistryError(f"op {name!r} is already registered (by {_REGISTRY[name].fn.__module__}); pick another name or pass replace=True")
         attrs, defaults = _keyword_attrs(fn, len(model_specs) + len(in_specs), name)
+        if kind == "loss" and "coef" in attrs:
+            raise OpRegistryError(f"loss op {name!r} takes a 'coef' attribute; a loss term is scaled by its weight "
+                                  f"(hf.loss({name!r}, weight=...)), so drop coef from the op and return the unscaled loss")
         _REGISTRY[name] = OpSpec(
             name=name, fn=fn, kind=kind, inputs=in_specs, outputs=out_specs,
             model_inputs=model_specs, attrs=attrs, attr_defaults=defaults,

@@ -1,6 +1,8 @@
 """The standard RL algorithms as graphs, one file each, and the table that names them.
 
-``ALGORITHMS["grpo"].build(n=4)`` makes GRPO's graph. Trainers for these
+``ALGORITHMS["grpo"].build(n=4)`` makes GRPO's graph. A user's algorithm needs no
+entry here: :func:`resolve_algorithm` takes an ``@hf.algorithm`` function, a Graph,
+``"package.module:function"`` or a graph JSON file wherever a built-in name goes. Trainers for these
 algorithms live alongside (added separately); this module imports only the
 graph definitions.
 """
@@ -22,10 +24,11 @@ from .passk import passk
 from .ppo import ppo
 from .reinforce_pp import reinforce_pp
 from .remax import remax
+from .resolve import FixedGraph, import_modules, resolve_algorithm
 from .rloo import rloo
 from .safe_rlhf import safe_rlhf
 
-__all__ = ["ALGORITHMS", "get_algorithm", "ppo", "grpo", "grpo_is", "rloo", "reinforce_pp", "remax", "safe_rlhf",
+__all__ = ["ALGORITHMS", "get_algorithm", "resolve_algorithm", "import_modules", "FixedGraph", "ppo", "grpo", "grpo_is", "rloo", "reinforce_pp", "remax", "safe_rlhf",
            "dapo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov", "opo", "gpg", "passk",
            "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer"]
 

@@ -1,6 +1,7 @@
 """``hybridflow compile ALGO --cluster PRESET[:NODES] --model ROLE=MODEL ... -o plan.json``.
 
-ALGO is a standard algorithm (``ppo``, ``grpo``, ...) or a graph JSON file.
+ALGO is a built-in algorithm (``ppo``, ``grpo``, ...), ``package.module:function`` or a
+graph JSON file; ``--import MODULE`` imports a module (custom ops) first.
 Prints the placement search time, the chosen placement and the predicted
 iteration, and writes the ExecutionPlan as JSON (``hybridflow viz plan.json``
 draws it). Shared argument helpers (models, batch) are used by
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, GraphError
 
-__all__ = ["add_arguments", "run", "machine_cluster", "add_model_arguments", "add_batch_arguments", "add_engine_argument",
+__all__ = ["add_arguments", "add_import_argument", "ALGO_HELP", "run", "machine_cluster", "add_model_arguments", "add_batch_arguments", "add_engine_argument",
            "parse_engines", "parse_models", "batch_from_args", "load_graph"]
 
 
@@ -74,29 +75,32 @@ def batch_from_args(args: argparse.Namespace):
         raise ConfigError(f"workload: {err.errors()[0]['loc'][0]} {err.errors()[0]['msg']}") from None
 
 
-def load_graph(source: str, overrides: list[str]):
-    """A standard algorithm by name (with ``--set`` overrides) or a graph JSON file (validated as the DSL validates)."""
-    from ..algorithms import ALGORITHMS
+ALGO_HELP = ("a built-in algorithm (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf, ...), 'package.module:function' "
+             "(an @hf.algorithm function; the working directory is on the import path) or a graph JSON file")
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (e.g. one that registers custom ops with @hf.register_op); repeatable")
+
+
+def load_graph(source: str, overrides: list[str], imports: list[str] = ()):
+    """The graph of ALGO (see :func:`~hybridflow.algorithms.resolve.resolve_algorithm`) with ``--set`` overrides,
+    after importing ``imports``; a graph file is validated as the DSL validates."""
+    from ..algorithms.resolve import import_modules, resolve_algorithm
     from ..viz.command import _overrides
 
+    import_modules(imports, "--import")
     values = _overrides(overrides)
-    if source in ALGORITHMS:
-        return ALGORITHMS[source].build(**values)
-    path = Path(source)
-    if not path.is_file():
-        raise GraphError(f"{source!r} is neither a standard algorithm ({', '.join(ALGORITHMS)}) nor a graph JSON file")
-    if values:
-        raise ConfigError("--set overrides a standard algorithm's attributes; it does not apply to a graph file")
-    from ..graph.serialize import graph_from_json
-    from ..graph.validate import validate
-
-    graph = graph_from_json(path.read_text())
-    validate(graph)  # the DSL's checks: a hand-edited file is held to what a traced algorithm is
-    return graph
+    algorithm = resolve_algorithm(source, "ALGO")
+    if values and not algorithm.defaults:
+        raise ConfigError(f"--set overrides an algorithm's attributes; {source!r} is a fixed graph without any")
+    return algorithm.build(**values)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("algorithm", metavar="ALGO", help="a standard algorithm (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf) or a graph JSON file")
+    parser.add_argument("algorithm", metavar="ALGO", help=ALGO_HELP)
+    add_import_argument(parser)
     parser.add_argument("--cluster", default="a100-80g:1", metavar="PRESET[:NODES]",
                         help="a100-80g, h100-80g, h200 (nodes of 8) or cpu-local, with a node count: a100-80g:16; "
                              "'local': this machine (its GPUs, or --cpu-slots CPU slots); 'ray': the Ray cluster "
@@ -160,7 +164,7 @@ def machine_cluster(name: str, cpu_slots: int | None = None):
 def run(args: argparse.Namespace) -> int:
     from .compile import IRDump, compile_report
 
-    graph = load_graph(args.algorithm, args.overrides)
+    graph = load_graph(args.algorithm, args.overrides, args.imports)
     models = parse_models(args.models)
     if not models:
         raise ConfigError("give the models: --model actor=llama2-7b [critic=... ref=... reward=...|rule]")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ConfigError
-from .command import (add_batch_arguments, add_engine_argument, add_model_arguments, batch_from_args, load_graph,
+from .command import (ALGO_HELP, add_batch_arguments, add_import_argument, add_engine_argument, add_model_arguments, batch_from_args, load_graph,
                       parse_engines, parse_models)
 
 __all__ = ["add_arguments", "run"]
@@ -37,7 +37,8 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("algorithm", metavar="ALGO", help="a standard algorithm (ppo, grpo, ...) or a graph JSON file")
+    parser.add_argument("algorithm", metavar="ALGO", help=ALGO_HELP)
+    add_import_argument(parser)
     parser.add_argument("--models", dest="actor_models", default="llama2-7b,llama2-13b,llama2-34b,llama2-70b",
                         help="actor models, one table block each, comma-separated (roles default to the actor's model)")
     add_model_arguments(parser)
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     _apply_workload_preset(args)
     engines = parse_engines(args.engine)
-    graph = load_graph(args.algorithm, args.overrides)
+    graph = load_graph(args.algorithm, args.overrides, args.imports)
     overrides, batch = parse_models(args.models), batch_from_args(args)
     actor = actor_role(graph)
     models = [parse_model(m.strip()) for m in args.actor_models.split(",") if m.strip()]

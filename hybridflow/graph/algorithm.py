@@ -9,7 +9,8 @@
 
 The function's positional parameters are graph inputs (``prompts``) and
 roles; a role's model kind comes from its name (:data:`ROLE_KINDS_BY_NAME`)
-or from ``@hf.algorithm(roles={"judge": "reward"})``. Its keyword-only
+or from ``@hf.algorithm(roles={"judge": "reward"})``; ``roles={"reward": "rule"}``
+says the reward is a rule function (no model: the compiler costs it as ~0). Its keyword-only
 parameters are the graph attributes: ``grpo.build(n=4)`` traces the function
 with ``n=4`` and records ``n`` among the graph's attributes. Attributes that
 change the graph's structure (an ``if`` on ``kl_as_loss``) are resolved here,
@@ -48,9 +49,17 @@ GRAPH_INPUTS: dict[str, Schema] = {"prompts": PROMPTS}
 """Positional parameters with these names are graph inputs, not roles."""
 
 
+RULE_SHORTHAND = "rule"
+"""``roles={"reward": "rule"}``: a reward role computed by a rule function (a ``cost`` role: ``"cost:rule"``)."""
+
+
 def _role(name: str, kind: "str | Role") -> Role:
     if isinstance(kind, Role):
         return kind
+    if kind == RULE_SHORTHAND:
+        return Role(name=name, kind="reward", trainable=False, rule=True)
+    if isinstance(kind, str) and kind.endswith(":" + RULE_SHORTHAND):
+        return Role(name=name, kind=kind.rsplit(":", 1)[0], trainable=False, rule=True)
     return Role(name=name, kind=kind, trainable=kind in TRAINABLE_KINDS)
 
 

@@ -124,6 +124,10 @@ class LossTerm:
             raise GraphError(f"loss term {self.op!r}: weight must be a finite number, got {self.weight!r}")
         object.__setattr__(self, "weight", float(self.weight))
         object.__setattr__(self, "params", _params_of(self, "params"))
+        if "coef" in dict(self.params):
+            raise GraphError(f"loss term {self.op!r}: a term is scaled by its weight, not by a coef parameter; write "
+                             f"hf.loss({self.op!r}, weight={dict(self.params)['coef']!r}, ...) (the update's loss is "
+                             "sum(weight * op(...)) over its terms)")
 
 
 @dataclass(frozen=True)

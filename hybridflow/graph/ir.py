@@ -42,6 +42,8 @@ __all__ = ["NODE_KINDS", "ROLE_KINDS", "TRAINABLE_KINDS", "CONTROLLER", "Role", 
 NODE_KINDS = ("generate", "infer", "score", "compute", "update")
 ROLE_KINDS = ("policy", "critic", "reference", "reward", "cost")
 TRAINABLE_KINDS = ("policy", "critic")
+RULE_KINDS = ("reward", "cost")
+"""Role kinds that may be a rule function (``Role.rule``): they only score."""
 CONTROLLER = "controller"
 """The pseudo-role of compute nodes: they run on the single controller, not on a model's workers."""
 
@@ -55,11 +57,16 @@ def _check_name(value: object, what: str) -> None:
 
 @dataclass(frozen=True)
 class Role:
-    """A model of the algorithm: ``kind`` is one of ROLE_KINDS; only trainable roles may be updated."""
+    """A model of the algorithm: ``kind`` is one of ROLE_KINDS; only trainable roles may be updated.
+
+    ``rule``: a reward or cost role computed by a rule function, not by a model, so the compiler
+    costs it as ~0 and places no model for it (``@hf.algorithm(roles={"reward": "rule"})``).
+    """
 
     name: str
     kind: str
     trainable: bool
+    rule: bool = False
 
     def __post_init__(self) -> None:
         _check_name(self.name, "role name")
@@ -69,6 +76,11 @@ class Role:
             raise GraphError(f"role {self.name!r} has kind {self.kind!r}; use one of {', '.join(ROLE_KINDS)}")
         if not isinstance(self.trainable, bool):
             raise GraphError(f"role {self.name!r}: trainable must be a bool, got {self.trainable!r}")
+        if not isinstance(self.rule, bool):
+            raise GraphError(f"role {self.name!r}: rule must be a bool, got {self.rule!r}")
+        if self.rule and (self.kind not in RULE_KINDS or self.trainable):
+            raise GraphError(f"role {self.name!r} is a {self.kind} role; only frozen {' and '.join(RULE_KINDS)} roles "
+                             "can be rule functions")
 
 
 @dataclass(frozen=True)

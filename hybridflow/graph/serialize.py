@@ -44,11 +44,21 @@ def _node_to_dict(node: Node) -> dict[str, Any]:
     }
 
 
+def _role_to_dict(role: Role) -> dict[str, Any]:
+    """``rule`` is written only when true, so graphs without rule roles read as they always did."""
+    return {"name": role.name, "kind": role.kind, "trainable": role.trainable, **({"rule": True} if role.rule else {})}
+
+
+def _role(data: object) -> Role:
+    keys = ("name", "kind", "trainable", "rule") if isinstance(data, dict) and "rule" in data else ("name", "kind", "trainable")
+    return Role(**_obj(data, keys, "role"))
+
+
 def graph_to_dict(graph: Graph) -> dict[str, Any]:
     return {
         "format": FORMAT, "version": VERSION, "name": graph.name,
         "attrs": dict(graph.attrs),
-        "roles": [{"name": r.name, "kind": r.kind, "trainable": r.trainable} for r in graph.roles],
+        "roles": [_role_to_dict(r) for r in graph.roles],
         "inputs": [{"name": i.name, "fields": _schema_to_list(i.schema)} for i in graph.inputs],
         "nodes": [_node_to_dict(n) for n in graph.nodes],
         **({"resample": [resample_to_dict(r) for r in graph.resample]} if graph.resample else {}),
@@ -102,7 +112,7 @@ def graph_from_dict(data: object) -> Graph:
     try:
         return Graph(
             name=d["name"],
-            roles=tuple(Role(**_obj(r, ("name", "kind", "trainable"), "role")) for r in _list(d["roles"], "graph roles")),
+            roles=tuple(_role(r) for r in _list(d["roles"], "graph roles")),
             inputs=tuple(GraphInput(name=i["name"], schema=_schema(i["fields"], "graph input"))
                          for i in (_obj(x, ("name", "fields"), "graph input") for x in _list(d["inputs"], "graph inputs"))),
             nodes=tuple(_node(n, f"node #{k}") for k, n in enumerate(_list(d["nodes"], "graph nodes"))),

@@ -31,7 +31,7 @@ __all__ = ["graph_to_text", "graph_from_text"]
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 _GRAPH = re.compile(rf"^graph ({_NAME})$")
 _ATTR = re.compile(r"^attr ([A-Za-z_][A-Za-z0-9_]*) = (.+)$")
-_ROLE = re.compile(rf"^role ({_NAME}): (\w+), (trainable|frozen)$")
+_ROLE = re.compile(rf"^role ({_NAME}): (\w+), (trainable|frozen)(, rule)?$")
 _INPUT = re.compile(rf"^input ({_NAME}) (\(.*\))$")
 _NODE = re.compile(rf"^node ({_NAME}): (\w+) @({_NAME}) ({_NAME})\(([^()]*)\) (\{{.*\}})$")
 _OUTPUTS = re.compile(r"^\s+-> (\(.*\))$")
@@ -45,7 +45,7 @@ def _json(value: object) -> str:
 def graph_to_text(graph: Graph) -> str:
     lines = [f"graph {graph.name}"]
     lines += [f"attr {k} = {_json(v)}" for k, v in graph.attrs]
-    lines += [f"role {r.name}: {r.kind}, {'trainable' if r.trainable else 'frozen'}" for r in graph.roles]
+    lines += [f"role {r.name}: {r.kind}, {'trainable' if r.trainable else 'frozen'}{', rule' if r.rule else ''}" for r in graph.roles]
     lines += [f"input {i.name} {i.schema}" for i in graph.inputs]
     for n in graph.nodes:
         inputs = ", ".join(str(i) for i in n.inputs)
@@ -133,7 +133,7 @@ def graph_from_text(text: str) -> Graph:
                 raise GraphError(f"{where}: attribute {m.group(1)!r} is given twice")
             attrs[m.group(1)] = _load(m.group(2), where)
         elif m := _ROLE.match(line):
-            roles.append(Role(m.group(1), m.group(2), m.group(3) == "trainable"))
+            roles.append(Role(m.group(1), m.group(2), m.group(3) == "trainable", rule=m.group(4) is not None))
         elif m := _INPUT.match(line):
             inputs.append(GraphInput(m.group(1), _schema(m.group(2))))
         elif line.startswith("resample "):

@@ -231,7 +231,7 @@ def check_compute_results(node: Node, inputs: Batch, results: Any, finite: Seque
     if isinstance(results, torch.Tensor) or not isinstance(results, Sequence) or len(results) < len(declared):
         got = (f"a tensor of shape {list(results.shape)}" if isinstance(results, torch.Tensor)
                else f"{len(results)} value(s)" if isinstance(results, Sequence) else f"a {type(results).__name__}")
-        raise ContractError(f"the op returned {got}; it must return a tuple (a named tuple) that starts with "
+        raise ContractError(f"the op returned {got}; an op with several outputs must return a tuple (a named tuple) that starts with "
                             f"its declared output(s) {', '.join(f.name for f in declared)}",
                             node=node.name, op=node.op)
     for spec, value in zip(declared, results):

@@ -41,6 +41,7 @@ from .batch import Batch
 from .dispatch import merge_results, split_for_ranks
 from .node_calls import node_call, node_output, reused_log_probs, run_compute
 from .resampling import Refill, ResampleRun
+from .node_metrics import graph_metrics
 from .roles import RoleSpec
 from .spans import Span, SpanRecorder
 from .topology import Slot, Topology, sync_group, topology
@@ -203,6 +204,9 @@ class PlanExecutor(ABC):
                       params: Mapping[str, Mapping[str, object]] | None = None, refill: Refill | None = None) -> IterationResult:
         """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
 
+        The result's metrics are the updates', the weight syncs' and a summary of every node's
+        float outputs (:func:`~.node_metrics.graph_metrics`: ``<node>/<field>/mean``, ...).
+
         ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for the ops
         this call runs (they run here, on the controller; see :meth:`Graph.with_params`).
 
@@ -220,15 +224,18 @@ class PlanExecutor(ABC):
             stream.resample = ResampleRun.start(self.graph, self.plan.ops, inputs, refill)
             self._drive([stream], stream)
             self.iteration += 1
-            return IterationResult(env=stream.state.env, metrics=stream.state.metrics)
-        from .overlap import run_overlapped
+            result = IterationResult(env=stream.state.env, metrics=stream.state.metrics)
+        else:
+            from .overlap import run_overlapped
 
-        if self.graph.resample:
-            raise ExecutionError(f"graph {self.graph.name!r} resamples part of each iteration (dynamic sampling), which "
-                                 f"a plan with staleness {self.plan.staleness} cannot overlap; compile it with staleness 0")
-        if next_inputs is not None:
-            self._check_inputs(next_inputs)
-        return run_overlapped(self, inputs, next_inputs)
+            if self.graph.resample:
+                raise ExecutionError(f"graph {self.graph.name!r} resamples part of each iteration (dynamic sampling), which "
+                                     f"a plan with staleness {self.plan.staleness} cannot overlap; compile it with staleness 0")
+            if next_inputs is not None:
+                self._check_inputs(next_inputs)
+            result = run_overlapped(self, inputs, next_inputs)
+        result.metrics.update(graph_metrics(self.graph, result.env))
+        return result
 
     def run_plan(self, plan: ExecutionPlan, inputs: Mapping[str, Batch]) -> IterationResult:
         """Run another plan on this executor's pools once (e.g. the validation plan of

@@ -128,8 +128,7 @@ def _score_output(node: Node, reward: Any, metrics: dict[str, float]) -> Batch:
     if not torch.isfinite(scores).all():
         bad = int((~torch.isfinite(scores)).nonzero()[0])
         raise RewardError(f"node {node.name!r}: reward source returned a non-finite score at sample {bad}")
-    name = "score" if node.attrs.field == "scores" else node.attrs.field
-    metrics[f"critic/{name}/mean"] = float(scores.mean())
+    # its mean is reported with the graph's other outputs (node_metrics: critic/score/mean with a critic)
     return Batch({node.attrs.field: scores})
 
 
@@ -165,6 +164,8 @@ def run_compute(node: Node, env: Mapping[str, Batch]) -> Batch:
     spec = get_op(node.op)
     batch = gather(node, env)
     outputs = spec.fn(*(batch[f.name] for f in spec.inputs), **dict(node.attrs.params))
+    if isinstance(outputs, torch.Tensor) and len(spec.outputs) == 1:
+        outputs = (outputs,)  # an op with one output may return the bare tensor
     if contracts.enabled():
         contracts.check_compute_results(node, batch, outputs, spec.finite_outputs)
     return Batch({f.name: value for f, value in zip(spec.outputs, outputs)})

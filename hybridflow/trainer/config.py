@@ -3,7 +3,8 @@
 One flat pydantic model (the seed article writes ``PPOConfig(actor_model_name=...,
 max_steps=..., batch_size=..., rollout_batch_size=...)``), validated once, with a
 description on every field. Each trainer maps the fields it understands onto
-its algorithm's graph attributes (:data:`GRAPH_ATTRS`); the rest configure the
+its algorithm's graph attributes (:data:`GRAPH_ATTRS`, :data:`DERIVED_ATTRS`,
+then ``algorithm_args``: :func:`algorithm_attrs`); the rest configure the
 engines, the data and the loop.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import ConfigError
 
-__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error",
+__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error",
            "config_hash"]
 
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -94,6 +95,8 @@ class PPOConfig(BaseModel):
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Gradient clipping norm; None: no clipping.")
     # -- algorithm ------------------------------------------------------------
     clip_ratio: float = Field(0.2, gt=0.0, description="PPO clip range epsilon (both sides).")
+    clip_ratio_low: float | None = Field(None, gt=0.0, description="Lower clip range epsilon_low, for algorithms with a clip_low attribute (decoupled clipping, DAPO's clip-higher); None: the algorithm's default.")
+    clip_ratio_high: float | None = Field(None, gt=0.0, description="Upper clip range epsilon_high, for algorithms with a clip_high attribute; None: the algorithm's default.")
     value_clip: float = Field(0.2, gt=0.0, description="Critic value clip range.")
     kl_coef: float = Field(0.001, ge=0.0, description="KL penalty coefficient beta.")
     kl_type: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k3+", "low_var_kl+"] = Field("k1", description="KL estimator (Schulman 2020): k1/kl, abs, k2/mse, k3/low_var_kl; a trailing '+' (k1+, abs+, k3+) is the straight-through variant: the value of the named estimator with the gradient of k2 (hybridflow_ops.kl).")
@@ -105,6 +108,9 @@ class PPOConfig(BaseModel):
     recompute_old_log_probs: bool = Field(True, description="GRPO: PPO's old log-probs from an actor logprob node (True; served from the rollout where reuse_rollout_log_probs applies) or always from the rollout engine (False: one forward less per step; exact on-policy with the transformers rollout engine).")
     reuse_rollout_log_probs: bool = Field(True, description="Let the compiler serve the actor's logprob node from its rollout's log-probs where they are provably the same numbers (the rollout engine shares the train engine's module on one device, fp32: CPU runs, staleness 0; compiler pass 'reuse'): one actor forward less per step. False: always recompute.")
     norm_by_std: bool = Field(True, description="GRPO: divide group advantages by the group std (False: Dr.GRPO).")
+    # -- the algorithm's own attributes ---------------------------------------
+    algorithm_args: dict[str, bool | int | float | str | None] = Field(default_factory=dict, description="Attributes passed straight to the algorithm's build (its keyword-only parameters), e.g. {len_penalty: 0.01}; an attribute named here wins over a standard field mapped onto it (ALGORITHM_FIELDS). An attribute the algorithm does not have is an error.")
+    imports: tuple[str, ...] = Field((), description="Modules imported before the algorithm is resolved and built, e.g. the one that registers custom ops with @hf.register_op (the working directory is on the import path).")
     # -- cost constraint (Safe-RLHF) --------------------------------------------
     cost_fn: str | None = Field(None, description="Safe-RLHF: rule cost `module:function` with the signature compute_score(data_source, solution_str, ground_truth, extra_info=None), returning the response's cost (higher: less safe). A run with a cost role needs this or cost_model_name.")
     cost_model_name: str | None = Field(None, description="Safe-RLHF: sequence-classification cost model (path or hub name); its score is the cost. None: the rule cost `cost_fn`.")
@@ -195,13 +201,45 @@ class PPOConfig(BaseModel):
 
 
 GRAPH_ATTRS: dict[str, str] = {
-    "n_samples": "n", "clip_ratio": "clip_ratio", "value_clip": "value_clip", "kl_coef": "kl_coef",
+    "n_samples": "n", "clip_ratio": "clip_ratio", "clip_ratio_low": "clip_low", "clip_ratio_high": "clip_high",
+    "value_clip": "value_clip", "kl_coef": "kl_coef",
     "kl_type": "kl_type", "entropy_coef": "entropy_coef", "gamma": "gamma", "lam": "lam",
     "loss_agg_mode": "loss_agg_mode", "norm_by_std": "norm_by_std",
     "recompute_old_log_probs": "recompute_old_log_probs",
     "cost_limit": "cost_limit", "lagrange_lambda": "lagrange_lambda", "lambda_lr": "lambda_lr",
 }
-"""Config field -> graph attribute it sets, for the algorithms that have that attribute."""
+"""Config field -> graph attribute it sets, for the algorithms that have that attribute (when the field is set)."""
+
+DERIVED_ATTRS: dict[str, tuple[str, str]] = {
+    "kl_in_reward": ("kl_as_loss", "not kl_in_reward (always passed, set or not)"),
+    "kl_coef": ("kl_loss", "kl_coef > 0 (kl_coef=0: no KL term and no reference model)"),
+}
+"""Config field -> (graph attribute, how its value is derived), for attributes that are not a copy of a field."""
+
+
+def algorithm_attrs(config: "PPOConfig", defaults: dict) -> dict[str, object]:
+    """The attributes ``config`` gives an algorithm whose attributes (with defaults) are ``defaults``.
+
+    A standard field reaches attribute :data:`GRAPH_ATTRS` [field] when the field was set and the
+    algorithm has the attribute; :data:`DERIVED_ATTRS` are computed; ``algorithm_args`` win over both.
+    """
+    attrs = {attr: getattr(config, field) for field, attr in GRAPH_ATTRS.items()
+             if attr in defaults and field in config.model_fields_set}
+    if "kl_as_loss" in defaults:
+        attrs["kl_as_loss"] = not config.kl_in_reward
+    if "kl_loss" in defaults and "kl_coef" in config.model_fields_set:
+        attrs["kl_loss"] = config.kl_coef > 0
+    attrs.update(config.algorithm_args)
+    return attrs
+
+
+def field_attribute(field: str) -> str | None:
+    """``"n_samples"`` -> ``"n"``: the algorithm attribute a standard config field sets (with how, if derived)."""
+    if field in DERIVED_ATTRS:
+        attr, how = DERIVED_ATTRS[field]
+        first = f"{GRAPH_ATTRS[field]}; " if field in GRAPH_ATTRS else ""
+        return f"{first}{attr} = {how}"
+    return GRAPH_ATTRS.get(field)
 
 ROLE_SOURCE_FIELDS: dict[str, str] = {"cost_fn": "cost", "cost_model_name": "cost"}
 """Config field -> the role kind it gives a source to; ignored (with a warning) by algorithms without that role."""
@@ -211,6 +249,7 @@ RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
     "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
+    "imports",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -1,9 +1,13 @@
 """Run configs as YAML files, with ``key=value`` overrides from the command line.
 
 A run file is a flat mapping of :class:`PPOConfig` fields plus one more key, ``algorithm``
-(``ppo`` by default; any name in :data:`hybridflow.algorithms.ALGORITHMS`)::
+(``ppo`` by default): a built-in's name, ``package.module:function`` (an ``@hf.algorithm``
+function; the working directory is on the import path) or a graph JSON file. ``imports``
+lists modules to import first (custom ops), ``algorithm_args`` the algorithm's own attributes::
 
-    algorithm: grpo
+    algorithm: my_algos:rloo_lenpen
+    imports: [my_ops]
+    algorithm_args: {len_penalty: 0.01}
     actor_model_name: ./my-model
     rollout_batch_size: 16
     device_map: {actor: cpu}
@@ -116,9 +120,14 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     target[path[-1]] = value
 
 
-def load_run_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> tuple[str, PPOConfig]:
-    """``(algorithm, config)`` from a YAML file (None: no file) and overrides, validated once."""
-    from ..algorithms import ALGORITHMS
+def load_run_config(path: str | os.PathLike | None, overrides: Sequence[str] = (),
+                    imports: Sequence[str] = ()) -> tuple[str, PPOConfig]:
+    """``(algorithm, config)`` from a YAML file (None: no file) and overrides, validated once.
+
+    ``imports`` (``--import``) are added to the config's ``imports``; all of them are imported
+    before the algorithm is resolved, so an unknown algorithm fails here.
+    """
+    from ..algorithms.resolve import import_modules, resolve_algorithm
 
     data = read_yaml(path) if path is not None else {}
     where = str(path) if path is not None else "command line"
@@ -128,10 +137,16 @@ def load_run_config(path: str | os.PathLike | None, overrides: Sequence[str] = (
     for item in overrides:
         apply_override(data, item)
     algorithm = data.pop(ALGORITHM_KEY, DEFAULT_ALGORITHM)
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ConfigError(f"{where}: algorithm: unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    if imports:
+        listed = data.get("imports") or []
+        data["imports"] = [*([listed] if isinstance(listed, str) else listed), *imports]
+    if not isinstance(algorithm, str):
+        raise ConfigError(f"{where}: algorithm: {algorithm!r} is not a name; write a built-in's name, "
+                          "package.module:function or a graph JSON file")
     try:
         config = PPOConfig(**data)
     except ConfigError as err:
         raise ConfigError(f"{where}{' with overrides' if overrides else ''}: {err}") from None
+    import_modules(config.imports, f"{where}: imports")
+    resolve_algorithm(algorithm, f"{where}: algorithm")  # an unknown algorithm fails before anything is set up
     return algorithm, config

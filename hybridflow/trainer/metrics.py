@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, Protocol, TextIO
 
 from ..runtime.spans import Span
 
-__all__ = ["TIMING_NAMES", "timing_metrics", "Tracker", "ConsoleTracker", "JsonlTracker", "format_metrics", "nan_streak"]
+__all__ = ["SCORE_KEYS", "training_score", "TIMING_NAMES", "timing_metrics", "Tracker", "ConsoleTracker", "JsonlTracker", "format_metrics", "nan_streak"]
 
 TIMING_NAMES: dict[tuple[str, str], str] = {
     ("generate", "policy"): "timing_s/gen",
@@ -46,6 +46,16 @@ def timing_metrics(spans: Iterable[Span], role_kinds: Mapping[str, str], ops: Ma
     return out
 
 
+SCORE_KEYS = ("critic/score/mean", "reward/score/mean")
+"""The step's mean reward: ``critic/score/mean`` for a graph with a critic (verl's name), else
+``reward/score/mean`` (see :mod:`hybridflow.runtime.node_metrics`)."""
+
+
+def training_score(metrics: Mapping[str, float]) -> float | None:
+    """The step's mean reward under whichever of :data:`SCORE_KEYS` the step has; None without one."""
+    return next((metrics[k] for k in SCORE_KEYS if k in metrics), None)
+
+
 class Tracker(Protocol):
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
     def close(self) -> None: ...
@@ -62,7 +72,7 @@ def format_metrics(metrics: Mapping[str, float], keys: Iterable[str]) -> str:
 class ConsoleTracker:
     """One line per step with the metrics people watch."""
 
-    KEYS = ("critic/score/mean", "val/score/greedy", "actor/pg_loss", "actor/ppo_kl", "actor/entropy", "critic/vf_loss",
+    KEYS = (*SCORE_KEYS, "val/score/greedy", "actor/pg_loss", "actor/ppo_kl", "actor/entropy", "critic/vf_loss",
             "response_length/mean", "timing_s/step")
 
     def __init__(self, every: int = 1, stream: TextIO | None = None):

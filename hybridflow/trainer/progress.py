@@ -38,11 +38,12 @@ class PhaseRecorder(SpanRecorder):
 class StepProgress:
     """A bar over ``total`` steps starting at ``initial``; shown only on a terminal unless ``force``.
 
-    ``reward_key`` is the metric averaged over the last ``window`` steps for the live reward.
+    ``reward_key`` is the metric averaged over the last ``window`` steps for the live reward
+    (None: the step's training score, :func:`~.metrics.training_score`).
     """
 
     def __init__(self, total: int, initial: int = 0, *, enabled: bool = True, force: bool = False,
-                 reward_key: str = "critic/score/mean", window: int = 10, stream: TextIO | None = None):
+                 reward_key: str | None = None, window: int = 10, stream: TextIO | None = None):
         from tqdm import tqdm
 
         disable = True if not enabled else (False if force else None)  # None: tqdm shows it on terminals only
@@ -66,7 +67,9 @@ class StepProgress:
         self._postfix()
 
     def step_done(self, metrics: Mapping[str, float]) -> None:
-        value = metrics.get(self.reward_key)
+        from .metrics import training_score
+
+        value = metrics.get(self.reward_key) if self.reward_key else training_score(metrics)
         if value is not None:
             self.rewards.append(float(value))
         self._phase = ""

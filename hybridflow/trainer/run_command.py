@@ -1,8 +1,10 @@
 """``hybridflow run CONFIG.yaml [key=value ...]``: train as a YAML run file says.
 
-The file holds :class:`PPOConfig` fields and ``algorithm`` (ppo, grpo, rloo, reinforce_pp,
-remax); ``key=value`` and ``key.sub=value`` override them (see :mod:`.config_files`).
-``hybridflow run --fields`` lists every field with its default and description.
+The file holds :class:`PPOConfig` fields and ``algorithm`` (a built-in's name,
+``package.module:function`` or a graph JSON file); ``key=value`` and ``key.sub=value``
+override them (see :mod:`.config_files`); ``--import MODULE`` imports a module (custom
+ops) first. ``hybridflow run --fields`` lists every field with its default and
+description, and the algorithm attribute each standard field sets.
 """
 from __future__ import annotations
 
@@ -17,16 +19,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML run file (config fields and 'algorithm')")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="field overrides, e.g. max_steps=20 actor_lr=3e-4 device_map.actor=cpu algorithm=grpo")
-    parser.add_argument("--fields", action="store_true", help="list the config fields and exit")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (e.g. one that registers custom ops); repeatable; adds to 'imports'")
+    parser.add_argument("--fields", action="store_true",
+                        help="list the config fields (and the algorithm attribute each sets) and exit")
 
 
 def field_table() -> str:
+    """Every config field with its default and description; ``-> attribute`` where it sets an algorithm attribute."""
     from pydantic import BaseModel
 
-    from .config import PPOConfig
+    from ..algorithms import ALGORITHMS
+    from .config import PPOConfig, field_attribute
     from .config_files import ALGORITHM_KEY
 
-    lines = [f"{ALGORITHM_KEY}: ppo | grpo | rloo | reinforce_pp | remax (default ppo) — the algorithm's graph"]
+    lines = [f"{ALGORITHM_KEY}: {' | '.join(ALGORITHMS)} | package.module:function | GRAPH.json (default ppo) "
+             "— the algorithm's graph",
+             "A field marked '-> attr' sets that attribute of the algorithm when the field is set and the algorithm "
+             "has the attribute; algorithm_args sets any attribute and wins."]
     for name, field in PPOConfig.model_fields.items():
         default = field.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):  # a settings record: one line per sub-field, as overrides name them
@@ -34,7 +44,9 @@ def field_table() -> str:
             for sub, sub_field in type(default).model_fields.items():
                 lines.append(f"  {name}.{sub} (default {getattr(default, sub)!r}): {sub_field.description}")
             continue
-        lines.append(f"{name} (default {default!r}): {field.description}")
+        attribute = field_attribute(name)
+        mapped = f" [-> {attribute}]" if attribute else ""
+        lines.append(f"{name} (default {default!r}){mapped}: {field.description}")
     return "\n".join(lines)
 
 
@@ -57,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         overrides, path = [args.config, *overrides], None
     else:
         path = args.config
-    algorithm, config = load_run_config(path, overrides)
+    algorithm, config = load_run_config(path, overrides, args.imports)
     quiet_libraries()
     start = time.perf_counter()
     trainer = Trainer(config, algorithm=algorithm)

@@ -107,7 +107,9 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
             if key in last:
                 lines.append(f"  {key:<22} {first[key]:.3f} at step {min(vals)}  ->  {last[key]:.3f} at step {max(vals)}"
                              f"   ({len(trainer.val_rows)} validation prompts)")
-    scores = [m["critic/score/mean"] for m in trainer.history if "critic/score/mean" in m]
+    from .metrics import training_score
+
+    scores = [s for s in map(training_score, trainer.history) if s is not None]
     if scores:
         k = max(1, min(10, len(scores) // 2))
         lines.append(f"  training reward          {_mean(scores[:k]):.3f} (first {k} steps)  ->  "

@@ -17,14 +17,14 @@ from typing import Any, Callable
 
 import torch
 
-from ..algorithms import get_algorithm
+from ..algorithms.resolve import check_algorithm_args, import_modules, resolve_algorithm
 from ..errors import ConfigError, WorkerLostError
 from ..graph import Graph
 from ..runtime.contracts import set_enabled as set_contract_checks
 from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
 from .algorithm_state import AlgorithmState
-from .config import GRAPH_ATTRS, PPOConfig
+from .config import PPOConfig, algorithm_attrs
 from .metrics import Tracker, nan_streak, timing_metrics
 from .progress import StepProgress
 from .seeds import stream_seed
@@ -52,14 +52,25 @@ def load_function(path: str, field: str = "reward_fn") -> Callable:
 
 
 class Trainer:
-    """Trains ``algorithm`` (a name from :data:`hybridflow.algorithms.ALGORITHMS`) as ``config`` says."""
+    """Trains ``algorithm`` as ``config`` says.
 
-    algorithm = "ppo"
+    ``algorithm`` is anything :func:`~hybridflow.algorithms.resolve.resolve_algorithm` takes: an
+    ``@hf.algorithm`` function, a Graph, a built-in's name, ``"package.module:function"`` or a
+    graph JSON file. A subclass may set it as a class attribute, as the built-in trainers do
+    (``class MyTrainer(Trainer): algorithm = my_algorithm``). ``config.imports`` are imported
+    first, so that the ops a graph uses are registered. After construction ``self.algorithm``
+    is the algorithm's name and ``self.definition`` the resolved algorithm.
+    """
 
-    def __init__(self, config: PPOConfig | None = None, *, algorithm: str | None = None, trackers: list[Tracker] | None = None):
+    algorithm: object = "ppo"
+
+    def __init__(self, config: PPOConfig | None = None, *, algorithm: object = None, trackers: list[Tracker] | None = None):
         self.config = config or PPOConfig()
-        self.algorithm = algorithm or type(self).algorithm
-        get_algorithm(self.algorithm)  # an unknown name fails here, not at train()
+        import_modules(self.config.imports)
+        # an unknown name, a bad module path or a bad algorithm_args key fails here, not at train()
+        self.definition = resolve_algorithm(algorithm if algorithm is not None else type(self).algorithm)
+        self.algorithm: str = self.definition.name
+        check_algorithm_args(self.definition, self.config.algorithm_args)
         self.output_dir = Path(self.config.output_dir)
         self._reward_source: Any = None
         self.algorithm_state: AlgorithmState | None = None
@@ -102,13 +113,8 @@ class Trainer:
         """The algorithm's graph with the config's values for the attributes it has."""
         from .setup import ignored_fields, ignored_role_fields
 
-        algorithm = get_algorithm(self.algorithm)
-        attrs = {attr: getattr(self.config, field) for field, attr in GRAPH_ATTRS.items()
-                 if attr in algorithm.defaults and field in self.config.model_fields_set}
-        if "kl_as_loss" in algorithm.defaults:
-            attrs["kl_as_loss"] = not self.config.kl_in_reward
-        if "kl_loss" in algorithm.defaults and "kl_coef" in self.config.model_fields_set:
-            attrs["kl_loss"] = self.config.kl_coef > 0  # kl_coef=0: no KL term and no reference model
+        algorithm = self.definition
+        attrs = algorithm_attrs(self.config, algorithm.defaults)
         ignored = ignored_fields(self.config, algorithm.defaults)
         if ignored:
             log.warning("%s has no attribute for %s; these config fields are ignored", self.algorithm, ", ".join(ignored))
@@ -153,7 +159,7 @@ class Trainer:
                                         cpus_per_worker=float(threads) if self.machine.kind == "cpu" else 1.0)
         else:
             self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)
-        self.algorithm_state = AlgorithmState(get_algorithm(self.algorithm).state, self.graph)
+        self.algorithm_state = AlgorithmState(self.definition.state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
         self._resume()
         if self._trackers is None:

@@ -1,6 +1,8 @@
 """``hybridflow viz SOURCE -o OUT``: draw an algorithm's graph, or a graph JSON file.
 
-SOURCE is a standard algorithm's name (``ppo``, ``grpo``, ...) or a JSON file.
+SOURCE is a built-in algorithm's name (``ppo``, ``grpo``, ...), ``package.module:function``
+(an ``@hf.algorithm`` function; ``--import MODULE`` imports a module that registers custom
+ops first) or a JSON file.
 A JSON file is recognised by its content through :data:`READERS`, a table of
 (what it is, does this document match, how to draw it):
 
@@ -125,8 +127,10 @@ READERS: tuple[Reader, ...] = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="a standard algorithm (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf), a graph JSON file, "
-                                       "a plan JSON file (hybridflow compile) or a run's trace.json")
+    parser.add_argument("source", help="a built-in algorithm (ppo, grpo, ...), 'package.module:function' (an @hf.algorithm "
+                                       "function), a graph JSON file, a plan JSON file (hybridflow compile) or a run's trace.json")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (e.g. one that registers custom ops); repeatable")
     parser.add_argument("-o", "--output", metavar="OUT", help="where to write, without extension: OUT.dot and OUT.svg, and for a plan "
                                                               "OUT.gantt.svg and OUT.trace.json (default: ./SOURCE_NAME)")
     parser.add_argument("--trace", metavar="RUN.json", help="with a plan: a run's Chrome trace to draw beside the predicted schedule")
@@ -166,19 +170,19 @@ def _draw_file(path: Path, out: Path, args: argparse.Namespace | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..algorithms import ALGORITHMS
+    from ..algorithms.resolve import import_modules, resolve_algorithm
 
+    import_modules(args.imports, "--import")
     source = args.source
     overrides = _overrides(args.overrides)
-    if source in ALGORITHMS:
-        from .graph import draw_graph
-
-        rendered = draw_graph(ALGORITHMS[source].build(**overrides), Path(args.output or source))
-    elif Path(source).is_file():
+    if Path(source).is_file():
         if overrides:
             raise ConfigError("--set overrides an algorithm's attributes; it does not apply to a JSON file")
         rendered = _draw_file(Path(source), Path(args.output or Path(source).stem), args)
     else:
-        raise GraphError(f"{source!r} is neither a standard algorithm ({', '.join(ALGORITHMS)}) nor an existing file")
+        from .graph import draw_graph
+
+        algorithm = resolve_algorithm(source, "SOURCE")
+        rendered = draw_graph(algorithm.build(**overrides), Path(args.output or algorithm.name))
     print(rendered.message)
     return 0

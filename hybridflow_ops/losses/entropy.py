@@ -50,7 +50,6 @@ def entropy_bonus(
     entropy: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    coef: float = 1.0,
     loss_agg_mode: str = "token-mean",
     global_tokens: int | float | torch.Tensor | None = None,
     global_seqs: int | float | torch.Tensor | None = None,
@@ -61,7 +60,9 @@ def entropy_bonus(
     Shapes: entropy ``(b, r)`` (with grad, e.g. from :func:`entropy_from_logits`),
     response_mask ``(b, r)`` -> loss and the metric ``entropy``, scalars.
 
-        loss = -coef * aggregate_loss(H, response_mask, mode=loss_agg_mode, ...)
+        loss = -aggregate_loss(H, response_mask, mode=loss_agg_mode, ...)
+
+    Its weight (c2) is the loss term's: ``hf.loss("entropy_bonus", weight=c2)``.
 
     Reference: Schulman et al. 2017 (PPO), eq. 9, the ``c2 S[pi]`` term.
     Metric: ``entropy``, the mean entropy over this batch's valid tokens.
@@ -71,4 +72,4 @@ def entropy_bonus(
         select_valid(entropy, valid), response_mask,
         mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
     )
-    return EntropyLoss(loss=-coef * aggregated, entropy=token_metric(entropy, valid))
+    return EntropyLoss(loss=-aggregated, entropy=token_metric(entropy, valid))

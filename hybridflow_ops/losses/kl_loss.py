@@ -31,7 +31,6 @@ def kl_loss(
     response_mask: torch.Tensor,
     *,
     kl_type: str = "low_var_kl",
-    coef: float = 1.0,
     loss_agg_mode: str = "token-mean",
     global_tokens: int | float | torch.Tensor | None = None,
     global_seqs: int | float | torch.Tensor | None = None,
@@ -42,7 +41,10 @@ def kl_loss(
     Shapes: log_probs (with grad), ref_log_probs, response_mask ``(b, r)`` -> loss and the metric ``kl``, scalars.
 
         k_t  = kl_penalty(log_probs_t, ref_log_probs_t, kl_type=kl_type)     (see hybridflow_ops.kl)
-        loss = coef * aggregate_loss(k, response_mask, mode=loss_agg_mode, ...)
+        loss = aggregate_loss(k, response_mask, mode=loss_agg_mode, ...)
+
+    Its weight (beta) is the loss term's: ``hf.loss("kl_loss", weight=beta)``; the op itself has no
+    coefficient, so that a term is scaled in one place only.
 
     Reference: Shao et al. 2024 (DeepSeekMath), eq. 4, which uses the k3 estimator
     (Schulman 2020, "Approximating KL Divergence"); hence the default ``low_var_kl``.
@@ -53,4 +55,4 @@ def kl_loss(
     aggregated = aggregate_loss(
         kl, response_mask, mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
     )
-    return KLLoss(loss=coef * aggregated, kl=token_metric(kl, valid))
+    return KLLoss(loss=aggregated, kl=token_metric(kl, valid))

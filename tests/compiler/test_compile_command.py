@@ -40,7 +40,7 @@ def test_compile_errors_are_messages(tmp_path, capsys):
         (["compile", "ppo", "--model", "actor=llama9"], "unknown model preset"),
         (["compile", "ppo", "--model", "actor=llama2-7b", "--cluster", "tpu:2"], "unknown cluster preset"),
         (["compile", "ppo", "--model", "actor=llama2-7b", "--placement", "colocate", "--staleness", "1"], "pool of its own"),
-        (["compile", "nope", "--model", "actor=llama2-7b"], "neither a standard algorithm"),
+        (["compile", "nope", "--model", "actor=llama2-7b"], "unknown algorithm 'nope'"),
         (["compile", "ppo", "--model", "actor=llama2-70b", "--cluster", "a100-80g:1"], "no placement"),
         (["compile", "ppo", "--model", "actor=llama2-7b", "--prompts", "0"], "prompts"),
     ]

@@ -62,24 +62,24 @@ def test_entropy_from_logits_bfloat16_is_computed_in_float32():
 
 
 def test_entropy_bonus_hand_worked():
-    # Entropies [1, 3 | 2, pad]; token-mean = 6/3 = 2; loss = -coef * 2 = -0.02 with coef 0.01.
+    # Entropies [1, 3 | 2, pad]; token-mean = 6/3 = 2; loss = -2 (the term's weight scales it, not the op).
     entropy = torch.tensor([[1.0, 3.0], [2.0, NAN]], requires_grad=True)
-    out = entropy_bonus(entropy, torch.tensor([[1.0, 1.0], [1.0, 0.0]]), coef=0.01)
-    torch.testing.assert_close(out.loss, torch.tensor(-0.02))
+    out = entropy_bonus(entropy, torch.tensor([[1.0, 1.0], [1.0, 0.0]]))
+    torch.testing.assert_close(out.loss, torch.tensor(-2.0))
     torch.testing.assert_close(out.entropy, torch.tensor(2.0))
     out.loss.backward()
-    torch.testing.assert_close(entropy.grad, torch.tensor([[-0.01 / 3, -0.01 / 3], [-0.01 / 3, 0.0]]))
+    torch.testing.assert_close(entropy.grad, torch.tensor([[-1 / 3, -1 / 3], [-1 / 3, 0.0]]))
 
 
 def test_kl_loss_hand_worked():
     # k3 with x = log_probs - ref: row 0: x = 0.5 -> e^-0.5 + 0.5 - 1 = 0.106531; x = 0 -> 0.
     # Row 1: x = -ln 2 -> 2 - ln 2 - 1 = 0.306853; padding ignored.
-    # seq-mean-token-mean = ((0.106531 + 0) / 2 + 0.306853) / 2 = 0.180059; loss = coef 0.5 * that = 0.090030
+    # seq-mean-token-mean = ((0.106531 + 0) / 2 + 0.306853) / 2 = 0.180059 (the loss; a term's weight scales it)
     log_probs = torch.tensor([[-1.0, -2.0], [math.log(0.25), NAN]], requires_grad=True)
     ref = torch.tensor([[-1.5, -2.0], [math.log(0.5), 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    out = kl_loss(log_probs, ref, mask, kl_type="low_var_kl", coef=0.5, loss_agg_mode="seq-mean-token-mean")
-    torch.testing.assert_close(out.loss, torch.tensor(0.090030), atol=1e-6, rtol=0)
+    out = kl_loss(log_probs, ref, mask, kl_type="low_var_kl", loss_agg_mode="seq-mean-token-mean")
+    torch.testing.assert_close(out.loss, torch.tensor(0.180059), atol=1e-6, rtol=0)
     torch.testing.assert_close(out.kl, torch.tensor((0.106531 + 0.306853) / 3), atol=1e-6, rtol=0)
     out.loss.backward()
     assert torch.isfinite(log_probs.grad).all() and log_probs.grad[1, 1] == 0

@@ -161,4 +161,4 @@ def test_trainer_trains_with_a_remote_reward(server, tmp_path):
     trainer = GRPOTrainer(config=config)
     trainer.set_reward_model(RemoteRewardModel(api_url=f"{server}/v1/rank", model_name="rm-test"))
     history = trainer.train()
-    assert history[0]["critic/score/mean"] != 0.0 and "actor/pg_loss" in history[0]
+    assert history[0]["reward/score/mean"] != 0.0 and "critic/score/mean" not in history[0] and "actor/pg_loss" in history[0]

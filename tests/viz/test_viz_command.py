@@ -53,7 +53,7 @@ def test_viz_graph_json_with_ops_this_process_does_not_know(tmp_path, capsys):
 
 def test_viz_errors_are_messages(tmp_path, capsys):
     assert main(["viz", "no_such_algorithm"]) == 1
-    assert "neither a standard algorithm" in capsys.readouterr().err
+    assert "unknown algorithm 'no_such_algorithm'" in capsys.readouterr().err
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"traceEvents": []}))
     assert main(["viz", str(other)]) == 1

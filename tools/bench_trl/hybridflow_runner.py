@@ -32,7 +32,8 @@ from common import RunConfig, arithmetic_rows, greedy_accuracy, load_tokenizer, 
 
 # metric keys of a hybridflow GRPO step -> the record's names
 METRICS = {"actor/grad_norm": "grad_norm", "actor/entropy": "entropy", "response_length/mean": "response_length",
-           "critic/score/mean": "reward", "actor/lr": "lr", "actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "ppo_kl"}
+           "critic/score/mean": "reward", "reward/score/mean": "reward",  # GRPO has no critic: reward/score/mean
+           "actor/lr": "lr", "actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "ppo_kl"}
 
 
 def make_model(path: Path, seed: int) -> None:

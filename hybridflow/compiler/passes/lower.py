@@ -68,7 +68,8 @@ def parse_model(value: ModelSpec | str | None) -> ModelSpec | None:
 
 
 def resolve_models(graph: Graph, models: Mapping[str, ModelSpec | str | None]) -> dict[str, ModelSpec | None]:
-    """Every role's model: the one given, else the actor's; ``"rule"`` -> None. Unknown role names are an error."""
+    """Every role's model: the one given, else (a rule role, ``Role.rule``) None, else the actor's; ``"rule"`` -> None.
+    Unknown role names are an error."""
     roles = [r.name for r in graph.roles]
     unknown = sorted(set(models) - set(roles))
     if unknown:
@@ -79,7 +80,8 @@ def resolve_models(graph: Graph, models: Mapping[str, ModelSpec | str | None]) -
     parsed = {name: parse_model(value) for name, value in models.items()}
     if parsed[actor] is None:
         raise ConfigError(f"role {actor!r} generates and trains; it needs a model, not a rule function")
-    return {name: parsed.get(name, parsed[actor]) for name in roles}
+    rules = {r.name for r in graph.roles if r.rule}
+    return {name: parsed[name] if name in parsed else None if name in rules else parsed[actor] for name in roles}
 
 
 def _check_rule_roles(graph: Graph, models: Mapping[str, ModelSpec | None]) -> None:

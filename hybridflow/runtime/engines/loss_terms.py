@@ -51,7 +51,14 @@ class ResolvedTerm(NamedTuple):
         """Call the op: model inputs, then batch ``fields`` by name, then attrs and the global counts."""
         args = [model_outputs[f.name] for f in self.spec.model_inputs]
         args += [fields[f.name] for f in self.spec.inputs]
-        return self.spec.fn(*args, **self.attrs, **counts)
+        result = self.spec.fn(*args, **self.attrs, **counts)
+        return LossOnly(result) if isinstance(result, torch.Tensor) else result
+
+
+class LossOnly(NamedTuple):
+    """What a loss op that returns a bare scalar tensor (no metrics) is read as."""
+
+    loss: torch.Tensor
 
 
 def _resolve(term: LossTerm | Sequence) -> ResolvedTerm:

@@ -27,15 +27,22 @@ DeviceResource = Literal["auto", "GPU", "CPU"]
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
-    """Make sure Ray is initialised; returns True when this call started it (the caller shuts it down)."""
+    """Make sure Ray is initialised; returns True when this call started it (the caller shuts it down).
+
+    ``address`` (else the ``RAY_ADDRESS`` environment variable): an existing cluster to join
+    (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``); none, or ``local``: a new Ray instance on this
+    machine with ``num_cpus``/``num_gpus``, even when another one runs here (so a run never
+    joins a cluster it was not pointed at, and its resource figures are never refused).
+    """
     if ray.is_initialized():
         return False
     # Ray replaces builtins.print in the driver once a worker logs a progress bar; keep this process's print.
     os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
-    if address:
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address and address != "local":
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
     else:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=True)
     return True
 
 
