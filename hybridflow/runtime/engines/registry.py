@@ -46,7 +46,7 @@ class VLLMOptions(BaseModel):
     max_num_seqs: int = Field(256, ge=1, description="Sequences vLLM schedules at once.")
     enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (start-up in seconds rather than minutes; tiny models gain nothing from them).")
     sleep_mode: bool = Field(False, description="CUDA: enable vLLM's sleep mode so sleep() frees weights and KV cache between generations (the hybrid engine); refused by vLLM on CPU.")
-    weight_transfer: Literal["auto", "shm", "direct"] = Field("auto", description="How new weights reach vLLM: 'shm' writes safetensors to /dev/shm and reloads them (works on every backend); 'direct' hands the tensors to the in-process worker (CUDA: no file); auto: shm on CPU, direct on CUDA.")
+    weight_transfer: Literal["direct", "shm"] = Field("direct", description="How new weights reach vLLM: 'direct' hands the tensors to the in-process worker's reload_weights (no copy through files; on CUDA the train engine's device tensors); 'shm' writes safetensors to /dev/shm and reloads from the path (what a multi-process vLLM needs).")
 
 
 @dataclass(frozen=True)
