@@ -15,7 +15,7 @@ def test_engine_names_and_options_are_checked_at_config_time():
         PPOConfig(rollout_engine="vllm", rollout_engine_options={"max_model_length": 64})
     with pytest.raises(ConfigError, match="micro_batch_size"):
         PPOConfig(rollout_engine_options={"micro_batch_size": 0})
-    assert PPOConfig(rollout_engine="vllm", rollout_engine_options={"kv_cache_gib": 0.5}).rollout_engine == "vllm"
+    assert PPOConfig(rollout_engine="vllm", rollout_engine_options={"kv_cache_gib": 2}).rollout_engine == "vllm"
 
 
 def test_the_plan_records_the_engine_and_a_plan_file_must_agree(fast_config, tmp_path):

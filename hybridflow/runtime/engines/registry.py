@@ -42,7 +42,7 @@ class VLLMOptions(BaseModel):
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + response vLLM reserves for; None: the model's max_position_embeddings.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans (CPU: 1).")
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="CUDA: the fraction of the GPU vLLM may take (weights + KV cache); the train engine shares the rest.")
-    kv_cache_gib: float = Field(1.0, gt=0.0, description="CPU: KV cache size in GiB (sets VLLM_CPU_KVCACHE_SPACE).")
+    kv_cache_gib: int = Field(1, ge=1, description="CPU: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE, which vLLM reads as an integer).")
     max_num_seqs: int = Field(256, ge=1, description="Sequences vLLM schedules at once.")
     enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (start-up in seconds rather than minutes; tiny models gain nothing from them).")
     sleep_mode: bool = Field(False, description="CUDA: enable vLLM's sleep mode so sleep() frees weights and KV cache between generations (the hybrid engine); refused by vLLM on CPU.")

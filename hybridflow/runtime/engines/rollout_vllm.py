@@ -127,7 +127,7 @@ def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int):
     if not device.startswith("cuda"):
         if options.sleep_mode:
             raise ConfigError("rollout_engine_options.sleep_mode: vLLM refuses sleep mode on CPU; leave it off there")
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{options.kv_cache_gib:g}"
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)
     vllm = _vllm()
     kwargs = dict(model=str(folder), skip_tokenizer_init=True, dtype=options.dtype, max_model_len=max_len,
                   tensor_parallel_size=options.tensor_parallel_size, enforce_eager=options.enforce_eager, seed=0,
