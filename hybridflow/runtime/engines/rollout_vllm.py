@@ -100,6 +100,26 @@ def _staging_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="hybridflow-vllm-", dir=root))
 
 
+def _stage(module: torch.nn.Module, folder: Path) -> None:
+    """Write ``module`` as a transformers folder vLLM can load: config, generation config, one safetensors file.
+
+    Not ``save_pretrained``: with ``torch.distributed`` initialised (a Ray slot worker) it writes on rank 0 only.
+    Tensors sharing storage (tied embeddings) are written once, under their first name.
+    """
+    from safetensors.torch import save_file
+
+    module.config.to_json_file(str(folder / "config.json"))
+    if getattr(module, "generation_config", None) is not None:
+        module.generation_config.to_json_file(str(folder / "generation_config.json"))
+    tensors, seen = {}, set()
+    for name, tensor in module.state_dict().items():
+        key = (tensor.data_ptr(), tensor.shape)
+        if key not in seen:
+            seen.add(key)
+            tensors[name] = tensor.detach().contiguous().cpu()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 class _GlobalStateGuard:
     """Keeps the global RNGs and ``torch.set_num_threads`` as they were across vLLM's start-up."""
 
@@ -171,7 +191,7 @@ class VLLMRolloutEngine:
                               f"{type(module).__name__}")
         folder = _staging_dir()
         try:
-            module.save_pretrained(folder, safe_serialization=True)
+            _stage(module, folder)
             config = module.config
             max_len = options.max_model_len or int(getattr(config, "max_position_embeddings", 2048))
             llm = _start_llm(folder, options, device, max_len)
