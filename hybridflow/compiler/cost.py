@@ -46,6 +46,8 @@ bf16 FLOP/s; every rate is scaled by the cluster's efficiency factors):
   ``train_micro_batch_overhead_s`` per training micro-batch and
   ``optimizer_step_overhead_s`` per optimizer step. A decode step's compute
   runs at ``ClusterSpec.decode_mfu`` (``mfu_decode``, else ``mfu_infer``).
+- generation time is multiplied by the rollout engine's factor
+  (``CostOptions.rollout_engine``, :mod:`.rollout_engines`; 1 for ``hf``).
 - with ``CostOptions.shared_prefill`` each prompt is prefilled once for its
   ``n`` samples (the HF rollout engine copies the KV cache), so the prefill
   covers ``ceil(b/n)`` prompts instead of ``b`` sequences.
@@ -68,6 +70,7 @@ from .layout import Layout
 from .models import ModelSpec
 from .engine import DEFAULT_ENGINE, shards_weights_over_dp
 from .reshard import transition_figures
+from .rollout_engines import DEFAULT_ROLLOUT_ENGINE, rollout_engine_cost
 
 __all__ = [
     "CostOptions", "CostRecord", "Generate", "Infer", "Score", "Compute", "Update",
@@ -89,6 +92,7 @@ class CostOptions(BaseModel):
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
     shared_prefill: bool = Field(default=False, description="The rollout engine prefills each prompt once and copies its KV cache to the prompt's n samples (hybridflow's HF engine does); False: every sequence is prefilled.")
     reuse_rollout_log_probs: bool = Field(default=False, description="A policy's logprob node is served from its rollout's log-probs where the rollout engine shares the train engine's module and precision (compiler pass 'reuse'); on only when both compute in fp32, which the compiler cannot see (the trainer turns it on for CPU runs).")
+    rollout_engine: str = Field(default=DEFAULT_ROLLOUT_ENGINE, description="The rollout engine of the generating role (hf, vllm): generation time is scaled by its factor (hybridflow.compiler.rollout_engines) and the plan records it.")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 
@@ -257,6 +261,8 @@ def generate_cost(w: Generate, c: ClusterSpec, o: CostOptions) -> CostRecord:
     waves, batch = plan
     prompts = math.ceil(batch / w.samples) if o.shared_prefill else batch
     prefill, decode = generation_time(m, g, batch, w.prompt_len, w.response_len, c, prompts)
+    factor = rollout_engine_cost(o.rollout_engine).time_factor
+    prefill, decode = factor * prefill, factor * decode
     peak = (w.memory_used_bytes + mem.generation_weight_bytes(m, g)
             + batch * mem.kv_bytes_per_sequence(m, g, w.prompt_len + w.response_len))
     return CostRecord("generate", waves * (prefill + decode), peak,

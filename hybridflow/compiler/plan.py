@@ -73,6 +73,7 @@ class RolePlacement(_Frozen):
     generation_layout: LayoutPlan | None = Field(None, description="Layout of the rollout engine (policies that generate); None = same as layout.")
     generation_pool: str | None = Field(None, description="Pool of the rollout engine when it is not the role's own pool (weights are broadcast to it); None = the role's pool (hybrid engine).")
     memory_bytes: int | None = Field(None, description="Predicted peak memory of this role per device (bytes).")
+    rollout_engine: str | None = Field(None, description="Policies that generate: the rollout engine that runs the role's generate nodes (a name in hybridflow.runtime.engines.registry: 'hf', 'vllm'); None: the role does not generate.")
 
 
 class PlanOp(_Frozen):
@@ -170,6 +171,7 @@ class ExecutionPlan(_Frozen):
             gen += f"  generate {p.generation_layout}" if p.generation_layout else ""
             gen += f" on {p.generation_pool}" if p.generation_pool else ""
             memory = f"  peak {_gib(p.memory_bytes)}" if p.memory_bytes is not None else ""
+            memory += f"  rollout {p.rollout_engine}" if p.rollout_engine not in (None, "hf") else ""
             lines.append(f"place {p.role} -> {p.pool}  {p.layout}{gen}{memory}")
         lines.extend(_op_line(op) for op in self.ops)
         return "\n".join(lines) + "\n"

@@ -4,7 +4,9 @@ A role's *kind* comes from the graph (policy, critic, reference, reward, cost);
 its spec says where its model comes from and how its engines are set:
 
 * policy — ``model`` (path, hub name or module), ``tokenizer``, ``train``
-  (:class:`TrainEngineConfig`), ``sampling`` (:class:`SamplingParams`);
+  (:class:`TrainEngineConfig`), ``sampling`` (:class:`SamplingParams`),
+  ``rollout_engine`` (a name in :data:`~.engines.registry.ROLLOUT_ENGINES`:
+  ``hf``, ``vllm``) and its ``rollout_options``;
 * critic — ``model`` (a causal-LM or base-model path/hub name, or a module whose
   backbone is copied) and ``train``;
 * reference — ``model``;
@@ -20,8 +22,9 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ConfigError
-from .engines import (HFRolloutEngine, RewardModel, RuleRewardSource, SamplingParams, TrainEngine, TrainEngineConfig,
-                      ValueModel)
+from .engines import RewardModel, RuleRewardSource, SamplingParams, TrainEngine, TrainEngineConfig, ValueModel
+from .engines.protocols import RolloutEngine
+from .engines.registry import RolloutBuild, build_rollout
 
 __all__ = ["RoleSpec", "build_engines", "RoleEngines"]
 
@@ -42,6 +45,10 @@ class RoleSpec:
     nothing). False gives the rollout engine its own copy, refreshed by every weight_sync op."""
     unfinished_score: float | None = None
     """Rule rewards: score given to responses that never produced EOS (None: score them like the others)."""
+    rollout_engine: str = "hf"
+    """Policy: the rollout engine's registry name (the plan's ``RolePlacement.rollout_engine``)."""
+    rollout_options: dict[str, Any] | None = None
+    """Policy: options of that engine (``rollout_engine_options`` in the config)."""
 
 
 @dataclass
@@ -50,7 +57,7 @@ class RoleEngines:
 
     kind: str
     train: TrainEngine | None = None
-    rollout: HFRolloutEngine | None = None
+    rollout: RolloutEngine | None = None
     reward: Any = None
 
 
@@ -85,12 +92,9 @@ def _policy(role: str, spec: RoleSpec, device: str) -> RoleEngines:
     sampling = spec.sampling or SamplingParams()
     train = spec.train or TrainEngineConfig(temperature=sampling.temperature)
     engine = TrainEngine(model, train, metric_prefix="actor" if role == "actor" else role, device=device)
-    rollout_model = model
-    if not spec.share_rollout_module:
-        import copy
-
-        rollout_model = copy.deepcopy(model)
-    rollout = HFRolloutEngine(rollout_model, tokenizer=_tokenizer(spec, role), sampling=sampling, device=device)
+    rollout = build_rollout(spec.rollout_engine, RolloutBuild(
+        role=role, model=model, source=spec.model, tokenizer=_tokenizer(spec, role), sampling=sampling, device=device,
+        share=spec.share_rollout_module, options=spec.rollout_options or {}))
     return RoleEngines(kind="policy", train=engine, rollout=rollout)
 
 

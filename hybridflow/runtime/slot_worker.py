@@ -130,7 +130,7 @@ class SlotWorker:
         """Hybrid engine: stream the train engine's full tensors into this slot's rollout engine in buckets."""
         start = time.time()
         engines = self.worker._engines(role, "rollout")
-        if engines.train is None or engines.rollout.model is engines.train.module:
+        if engines.train is None or engines.rollout.shares_weights_with(engines.train):
             stats = SyncStats(0, 0, 0, 0, 0.0)
         else:
             stats = stream_into(engines.rollout, engines.train.named_weights(), bucket_bytes=self.bucket_bytes)

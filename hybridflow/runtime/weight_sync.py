@@ -124,7 +124,7 @@ def stream_into(rollout, named: Iterable[tuple[str, torch.Tensor]], *,
     for bucket in _buckets(named, bucket_bytes):
         held = sum(t.numel() * t.element_size() for _, t in bucket)
         peak = max(peak, held)
-        tensors += rollout.load_weights(bucket)
+        tensors += rollout.update_weights(bucket)
         total += held
         buckets += 1
         del bucket
@@ -162,11 +162,11 @@ def broadcast_receive(rollout, *, group, src: int, device: torch.device,
     box: list = [None]
     dist.broadcast_object_list(box, src=src, group=group)
     specs: list[TensorSpec] = box[0]
-    own = rollout.model.state_dict()
+    own = rollout.weight_shapes()
     for spec in specs:
         target = own.get(spec.name)
-        if target is None or tuple(target.shape) != spec.shape:
-            found = "missing" if target is None else f"shape {tuple(target.shape)}"
+        if target is None or tuple(target) != spec.shape:
+            found = "missing" if target is None else f"shape {tuple(target)}"
             raise ExecutionError(f"weight sync: the trainer sends {spec.name!r} {spec.shape} but the rollout model has "
                                  f"it {found}; both pools must load the same architecture")
     loaded = moved = peak = 0
@@ -181,7 +181,7 @@ def broadcast_receive(rollout, *, group, src: int, device: torch.device,
         for p in parts:
             views.append((p.name, flat[offset:offset + _numel(p.shape)].view(p.shape)))
             offset += _numel(p.shape)
-        loaded += rollout.load_weights(views)
+        loaded += rollout.update_weights(views)
         moved += held
         del flat, views
     return SyncStats(loaded, moved, len(plan), peak, time.perf_counter() - start)

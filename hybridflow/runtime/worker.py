@@ -70,9 +70,9 @@ class RoleWorker:
     def sync_weights(self, role: str) -> int:
         """Copy the train engine's weights into the rollout engine; returns the tensors copied (0 if shared)."""
         engines = self._engines(role, "rollout")
-        if engines.train is None or engines.rollout.model is engines.train.module:
+        if engines.train is None or engines.rollout.shares_weights_with(engines.train):
             return 0
-        return engines.rollout.load_weights(engines.train.named_weights())
+        return engines.rollout.update_weights(engines.train.named_weights())
 
     def offload(self, role: str, items: Sequence[str]) -> None:
         self._move(role, items, torch.device("cpu"))
@@ -86,12 +86,8 @@ class RoleWorker:
 
     def _move(self, role: str, items: Sequence[str], device: torch.device) -> None:
         engines = self.engines[role]
-        train = engines.train
-        if "params" in items:
-            for module in {id(m): m for m in (train and train.module, engines.rollout and engines.rollout.model) if m}.values():
-                module.to(device)
-        if "optimizer" in items and train is not None:
-            for state in train.optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and key != "step":
-                        state[key] = value.to(device)
+        train, rollout = engines.train, engines.rollout
+        if train is not None:
+            train.move_states(items, device)
+        if rollout is not None and "params" in items and not (train is not None and rollout.shares_weights_with(train)):
+            rollout.sleep() if device.type == "cpu" else rollout.wake()

@@ -13,7 +13,7 @@ import difflib
 import hashlib
 import json
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -121,6 +121,9 @@ class PPOConfig(BaseModel):
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold (1: off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0: off).")
+    # -- rollout engine ---------------------------------------------------------
+    rollout_engine: Literal["hf", "vllm"] = Field("hf", description="The policy's rollout engine: hf (transformers, KV-cached sampling; samples from the train module itself on one device) or vllm (vLLM with the trained weights pushed in after each update; needs `make vllm-env`, see docs/rollout_engines.md). Recorded in the plan's role placement.")
+    rollout_engine_options: dict[str, Any] = Field(default_factory=dict, description="Options of the rollout engine, checked against its options model: hf: micro_batch_size; vllm: dtype, max_model_len, tensor_parallel_size, gpu_memory_utilization, kv_cache_gib (CPU), max_num_seqs, enforce_eager, sleep_mode (CUDA), weight_transfer (direct | shm).")
     # -- placement and execution ----------------------------------------------
     device_map: dict[str, str] = Field(default_factory=dict, description="Role -> device ('cpu', 'cuda:N'); roles not named go to cuda:0 when a GPU is present, else cpu. Alias 'rm' = reward.")
     executor: Literal["local", "ray"] = Field("local", description="Run on this machine (local) or on a Ray cluster (ray).")
@@ -189,6 +192,16 @@ class PPOConfig(BaseModel):
         if not value.strip():
             raise ValueError("resume must be 'auto', 'never' or the path of a checkpoint folder")
         return value.strip()
+
+    @model_validator(mode="after")
+    def _rollout_options_known(self) -> "PPOConfig":
+        from ..runtime.engines.registry import rollout_options
+
+        try:
+            rollout_options(self.rollout_engine, self.rollout_engine_options)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
 
     @model_validator(mode="after")
     def _sizes_agree(self) -> "PPOConfig":

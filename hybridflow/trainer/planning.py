@@ -135,7 +135,7 @@ def cost_options(trainer: "Trainer", machine: Machine | None = None) -> CostOpti
     options = engine_cost_options(train_micro_batch=cfg.micro_batch_size or cfg.batch_size or responses,
                                   infer_micro_batch=cfg.micro_batch_size or responses)
     fp32 = machine is not None and machine.kind == "cpu"  # TrainEngineConfig.precision 'auto': bf16 autocast on CUDA
-    return options.model_copy(update={"data_parallel_only": True,
+    return options.model_copy(update={"data_parallel_only": True, "rollout_engine": cfg.rollout_engine,
                                       "reuse_rollout_log_probs": fp32 and cfg.reuse_rollout_log_probs})
 
 
@@ -212,6 +212,10 @@ def plan_for_run(trainer: "Trainer", machine: Machine) -> ExecutionPlan:
         if cfg.staleness != plan.staleness and "staleness" in cfg.model_fields_set:
             raise PlanError(f"plan {cfg.plan!r} has staleness {plan.staleness}, the config asks for {cfg.staleness}; "
                             "drop one of them")
+        engines = {p.rollout_engine for p in plan.placements if p.rollout_engine} - {cfg.rollout_engine}
+        if engines and "rollout_engine" in cfg.model_fields_set:
+            raise PlanError(f"plan {cfg.plan!r} generates with rollout engine {', '.join(sorted(engines))}, the config "
+                            f"asks for {cfg.rollout_engine!r}; drop one of them")
         return bind(plan, machine)
     models = model_specs(trainer)
     report = compile_report(trainer.graph, run_cluster(trainer, machine), models,

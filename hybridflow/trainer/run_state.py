@@ -2,7 +2,7 @@
 
 Tensors: each trained role's model weights and optimizer state. JSON: the step, the
 optimizer param groups and LR schedule of each trained role, its mini-batch shuffle
-generator, the sampling generators of every rollout engine (one per seed), the global
+generator, the sampling randomness of every rollout engine (its ``rng_state()``), the global
 torch / numpy / python RNGs, the prompt loader's position, the NaN-streak counter, the
 algorithm's run state (e.g. Safe-RLHF's Lagrange multiplier; see
 :mod:`.algorithm_state`), and the config with its hash. Byte states (generators) are base64 strings.
@@ -73,19 +73,6 @@ def capture_tensors(trained: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _generator_states(rollout) -> dict[str, str]:
-    # HFRolloutEngine keeps one torch.Generator per sampling seed (seeded on first use); a resumed
-    # run must continue each of them where it stopped.
-    return {str(seed): _b64(g.get_state()) for seed, g in rollout._generators.items()}
-
-
-def _set_generator_states(rollout, states: Mapping[str, str]) -> None:
-    for seed, text in states.items():
-        generator = torch.Generator(device=rollout.device)
-        generator.set_state(_unb64(text))
-        rollout._generators[int(seed)] = generator
-
-
 def capture_json(trained: Mapping[str, Any], rollouts: Mapping[str, Any]) -> dict[str, Any]:
     """Optimizer param groups, LR schedules and shuffle generators of ``trained``; generators of ``rollouts``."""
     engines = {}
@@ -93,8 +80,14 @@ def capture_json(trained: Mapping[str, Any], rollouts: Mapping[str, Any]) -> dic
         state = engine.state_dict()
         engines[role] = {"param_groups": state["optimizer"]["param_groups"], "scheduler": state["scheduler"],
                          "shuffle_rng": _b64(state["shuffle_rng"])}
-    return {"engines": engines, "rollout_generators": {role: _generator_states(r) for role, r in rollouts.items()},
-            "rng": rng_state()}
+    return {"engines": engines, "rollout_rng": {role: r.rng_state() for role, r in rollouts.items()}, "rng": rng_state()}
+
+
+def _rollout_rng(state: Mapping[str, Any], role: str) -> Mapping[str, Any]:
+    """A role's rollout RNG state; checkpoints written before the rollout protocol held the HF generators bare."""
+    if "rollout_rng" in state:
+        return state["rollout_rng"].get(role, {})
+    return {"generators": state.get("rollout_generators", {}).get(role, {})}
 
 
 def _optimizer_state(role: str, tensors: Mapping[str, torch.Tensor]) -> dict[int, dict[str, torch.Tensor]]:
@@ -125,5 +118,5 @@ def restore(trained: Mapping[str, Any], rollouts: Mapping[str, Any], tensors: Ma
             raise CheckpointError(f"role {role!r}: the checkpoint does not fit this model ({err}); "
                                   "was it written by a run with another model?") from None
     for role, rollout in rollouts.items():
-        _set_generator_states(rollout, state["rollout_generators"].get(role, {}))
+        rollout.set_rng_state(_rollout_rng(state, role))
     set_rng_state(state["rng"])

@@ -179,7 +179,9 @@ class Trainer:
             if role.kind == "policy":
                 train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, **common,
                                           **cfg.actor_lr_schedule.engine_settings(cfg.max_steps))
-                specs[role.name] = RoleSpec(model=self.actor_path, tokenizer=self.tokenizer, train=train, sampling=sampling)
+                engine = self.plan.placement(role.name).rollout_engine or cfg.rollout_engine
+                specs[role.name] = RoleSpec(model=self.actor_path, tokenizer=self.tokenizer, train=train, sampling=sampling,
+                                            rollout_engine=engine, rollout_options=dict(cfg.rollout_engine_options))
             elif role.kind == "critic":
                 specs[role.name] = RoleSpec(model=cfg.critic_model_name or self.actor_path,
                                             train=TrainEngineConfig(lr=cfg.critic_lr, **common,

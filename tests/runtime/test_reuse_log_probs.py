@@ -58,6 +58,13 @@ def test_no_reuse_where_the_rollout_has_other_weights_or_another_distribution():
     assert _reused(_plan(tempered.build())) == {}
 
 
+def test_a_vllm_rollout_is_never_reused_it_holds_its_own_weights():
+    ppo = ALGORITHMS["ppo"].build(n=2)
+    plan = _plan(ppo, options=REUSE.model_copy(update={"rollout_engine": "vllm"}))
+    assert plan.placement("actor").rollout_engine == "vllm"
+    assert _reused(plan) == {} and _reused(_plan(ppo)) != {}
+
+
 def test_a_plan_that_reuses_wrongly_is_refused():
     plan = _plan(ALGORITHMS["ppo"].build(n=2))
     ref_op = next(op for op in plan.ops if op.role == "ref")

@@ -200,6 +200,7 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
     rule_pools = _rule_pools(ctx, pools)
     rollout_pool = pools[len(resolved.placement.pools)].name if resolved.rollout else None
     role_pool, placements = dict(rule_pools), []
+    generating = {r.name for r in ctx.workload.roles if r.generates}
     for role in ctx.graph.roles:
         if role.name in rule_pools:
             placements.append(RolePlacement(role=role.name, pool=rule_pools[role.name]))
@@ -209,8 +210,10 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
         gen_layout, gen_pool = rp.gen_layout, None
         if resolved.rollout and resolved.rollout[0] == role.name:
             gen_layout, gen_pool = resolved.rollout[2], rollout_pool
+        engine = ctx.options.rollout_engine if role.name in generating else None
         placements.append(RolePlacement(role=role.name, pool=role_pool[role.name], layout=_lp(rp.layout),
-                                        generation_layout=_lp(gen_layout), generation_pool=gen_pool))
+                                        generation_layout=_lp(gen_layout), generation_pool=gen_pool,
+                                        rollout_engine=engine))
     gen_pools = {p.role: p.generation_pool for p in placements if p.generation_pool}
     graph = ctx.graph
     ops = []

@@ -19,6 +19,8 @@ It applies only where the equality is structural, not numerical luck
   ``generate`` node of the *same* role in this iteration, with sampling (greedy
   rollouts have no sampling distribution) at the role's temperature (a node's own
   ``temperature`` gives the rollout's log-probs another temperature than the train engine's);
+- the role's rollout engine samples from the train module itself (``hf``; not ``vllm``,
+  which holds its own copy: :mod:`..rollout_engines`);
 - that role generates on its own pool with its own layout on one device
   (``generation_pool`` None, the layout equal and of size 1: the rollout engine
   shares the train engine's module; with dp > 1 the rollout has a gathered copy);
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from ...graph import Graph, Node
 from ..plan import ExecutionPlan, PlanOp
+from ..rollout_engines import rollout_engine_cost
 from .context import CompileContext
 
 __all__ = ["reuse", "reuse_reason"]
@@ -62,6 +65,8 @@ def reuse_reason(plan: ExecutionPlan, ctx: CompileContext, node: Node) -> str | 
     if plan.staleness:
         return f"staleness {plan.staleness}: the rollout was sampled by older weights"
     p = plan.placement(node.role)
+    if p.rollout_engine is not None and not rollout_engine_cost(p.rollout_engine).shares_train_weights:
+        return f"role {node.role!r} generates with the {p.rollout_engine} engine, which holds its own copy of the weights"
     if p.generation_pool is not None:
         return f"role {node.role!r} generates on pool {p.generation_pool!r}, apart from its train engine"
     if (p.generation_layout is not None and p.generation_layout != p.layout) or p.layout.size != 1:

@@ -28,6 +28,7 @@ from ..cost import (CostOptions, Compute, Generate, Infer, Offload, Score, Updat
 from ..layout import Layout, generation_layouts, layout_problem
 from ..memory import generation_weight_bytes, kv_bytes_per_sequence, resident_bytes
 from ..models import ModelSpec
+from ..rollout_engines import rollout_engine_cost
 from ..workload import STAGES, GenerationWork, RoleWork, Workload
 from .types import Placement
 
@@ -99,6 +100,8 @@ def generation_estimate(model: ModelSpec, train: Layout, gen_layout: Layout, gen
         return INF, INF, rollout.problem
     waves, batch = plan
     prefill, decode = generation_time(model, gen_layout, batch, gen.prompt_len, gen.response_len, cluster)
+    factor = rollout_engine_cost(options.rollout_engine).time_factor
+    prefill, decode = factor * prefill, factor * decode
     peak = (memory_used + generation_weight_bytes(model, gen_layout)
             + batch * kv_bytes_per_sequence(model, gen_layout, gen.seq_len))
     return sync.time_s + gen.generations * waves * (prefill + decode), peak, None

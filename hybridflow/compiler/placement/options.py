@@ -26,6 +26,7 @@ from functools import lru_cache
 from ..cluster import ClusterSpec
 from ..cost import CostOptions, Offload, estimate, generation_time, waves_for
 from ..memory import generation_weight_bytes, kv_bytes_per_sequence
+from ..rollout_engines import rollout_engine_cost
 from ..layout import Layout, generation_layouts, valid_layouts
 from ..workload import STAGES, GenerationWork, RoleWork
 from .evaluate import GEN, RoleEstimate, generation_estimate, member_stages, role_estimate, weight_sync_estimate
@@ -143,7 +144,9 @@ def best_generation(role: RoleWork, candidate: RoleCandidate, memory_used: float
         waves, batch = plan
         parts = table.memo.get((g, batch))
         if parts is None:
-            parts = table.memo[(g, batch)] = generation_time(role.model, g, batch, gen.prompt_len, gen.response_len, cluster)
+            factor = rollout_engine_cost(options.rollout_engine).time_factor
+            parts = table.memo[(g, batch)] = tuple(factor * t for t in generation_time(
+                role.model, g, batch, gen.prompt_len, gen.response_len, cluster))
         t = sync_s + gen.generations * waves * (parts[0] + parts[1])
         if t < best[0]:
             best = (t, g)

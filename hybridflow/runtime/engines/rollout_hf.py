@@ -14,12 +14,16 @@ the repeated batch with
 - ``responses`` (column): the decoded text of each response, final EOS stripped.
 
 The engine may share its module with the actor's train engine (colocated, same
-device: weights are shared and :meth:`load_weights` has nothing to copy) or
-hold its own copy, updated by :meth:`load_weights` after each training step.
+device: weights are shared and :meth:`update_weights` has nothing to copy) or
+hold its own copy, updated by :meth:`update_weights` after each training step.
+It satisfies :class:`~.protocols.RolloutEngine` (registered as ``hf``); its
+sampling randomness is one ``torch.Generator`` per seed, which
+:meth:`rng_state` captures as base64 bytes.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+import base64
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -121,6 +125,35 @@ class HFRolloutEngine:
                      eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator)
         return {"response_ids": out.response_ids.cpu(), "response_mask": out.response_mask.cpu(),
                 "rollout_log_probs": out.log_probs.cpu()}
+
+    # -- the rollout protocol (protocols.RolloutEngine) -------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy ``(name, tensor)`` pairs into the model (any bucket of it); see :meth:`load_weights`."""
+        return self.load_weights(named_tensors)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
+
+    def shares_weights_with(self, train: Any) -> bool:
+        return getattr(train, "module", None) is self.model
+
+    def rng_state(self) -> dict[str, Any]:
+        """``{"generators": {seed: base64 of the generator state}}`` of every seed used so far."""
+        return {"generators": {str(seed): base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")
+                               for seed, g in self._generators.items()}}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        for seed, text in state.get("generators", {}).items():
+            generator = torch.Generator(device=self.device)
+            generator.set_state(torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone())
+            self._generators[int(seed)] = generator
+
+    def sleep(self) -> None:
+        """Move the model to host memory (a module of its own only: a shared one moves with its train engine)."""
+        self.model.to("cpu")
+
+    def wake(self) -> None:
+        self.model.to(self.device)
 
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> int:

@@ -304,6 +304,16 @@ class TrainEngine:
         if "shuffle_rng" in state:
             self._shuffle.set_state(state["shuffle_rng"])
 
+    def move_states(self, items: Sequence[str], device: torch.device) -> None:
+        """Move ``params`` (the module) and/or ``optimizer`` (Adam moments; ``step`` counters stay) to ``device``."""
+        if "params" in items:
+            self.module.to(device)
+        if "optimizer" in items:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` of every parameter and buffer, detached, for weight sync to a rollout engine."""
         for name, tensor in self.module.state_dict(keep_vars=False).items():

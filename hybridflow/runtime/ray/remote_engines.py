@@ -8,11 +8,12 @@ for the LocalExecutor, are the engines themselves. For the RayExecutor,
 
 * calling a method runs it on the slots hosting that engine: on **every** rank
   of the pool for train engines (their state dicts gather FSDP shards, a
-  collective), on rank 0 for rollout engines and reward sources; the result
-  is rank 0's;
+  collective) and for the rollout methods that change state on each rank
+  (:data:`ALL_RANK_ROLLOUT_METHODS`: ``set_rng_state``, ``sleep``, ``wake``,
+  ``update_weights``), on rank 0 for other rollout methods and reward sources;
+  the result is rank 0's;
 * reading an attribute returns its value, except that a torch module or a
-  dict stays remote (``train.module.config`` fetches only the config;
-  ``rollout._generators[seed] = g`` sets the generator on every rank);
+  dict stays remote (``train.module.config`` fetches only the config);
 * ``worker.engines[role] = engines`` installs engines built on the controller
   (e.g. a new reward source) on every slot of the pool.
 """
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["RemoteWorker", "RemoteRoleEngines", "RemoteObject"]
 
 PARTS = ("train", "rollout", "reward")
+ALL_RANK_ROLLOUT_METHODS = frozenset({"set_rng_state", "sleep", "wake", "update_weights"})
 
 
 def _request(executor: "RayExecutor", pool: str, method: str, *args, all_ranks: bool) -> Any:
@@ -54,7 +56,8 @@ class RemoteObject:
         kind, value = _request(executor, pool, "engine_describe", role, part, path, all_ranks=False)
         if kind == "method":
             return lambda *args, **kwargs: _request(executor, pool, "engine_call", role, part, path, args, kwargs,
-                                                    all_ranks=part == "train")
+                                                    all_ranks=part == "train" or (part == "rollout" and path in
+                                                                                  ALL_RANK_ROLLOUT_METHODS))
         if kind in ("object", "mapping"):
             return (RemoteMapping if kind == "mapping" else RemoteObject)(executor, pool, role, part, path)
         return value

@@ -1,0 +1,131 @@
+"""The vLLM rollout engine, run for real (marker ``vllm``; ``make test-vllm`` runs these in .venv-vllm).
+
+One vLLM start serves the module (``vllm_engine``). The tiny model is a Llama of hidden 64
+with 2 heads (head_dim 32: the smallest head size vLLM's CPU attention supports; the
+16 of the default tiny model is refused).
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from engine_testkit import prompt_batch, tiny_model
+
+pytest.importorskip("vllm", reason="vLLM is not importable in this environment; `make test-vllm` runs these tests in .venv-vllm")
+
+from hybridflow.errors import ExecutionError  # noqa: E402
+from hybridflow.runtime.engines import HFRolloutEngine, RolloutEngine, SamplingParams, TrainEngine, TrainEngineConfig  # noqa: E402
+from hybridflow.runtime.engines.registry import VLLMOptions  # noqa: E402
+from hybridflow.runtime.engines.rollout_vllm import VLLMRolloutEngine, vllm_seed  # noqa: E402
+from hybridflow.runtime.weight_sync import stream_into  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+LLAMA = dict(arch="llama", hidden=64, heads=2, kv_heads=1)
+
+
+@pytest.fixture(scope="module")
+def llama(tokenizer):
+    return tiny_model(tokenizer, seed=1, **LLAMA)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(llama, tokenizer):
+    return VLLMRolloutEngine.from_module(copy.deepcopy(llama), tokenizer=tokenizer,
+                                         sampling=SamplingParams(max_new_tokens=6), options=VLLMOptions(max_model_len=64))
+
+
+def _greedy(n=2, temperature=1.0):
+    return SamplingParams(n=n, max_new_tokens=6, greedy=True, temperature=temperature)
+
+
+def test_generates_in_the_batch_contract(vllm_engine, tokenizer):
+    prompts = prompt_batch(tokenizer)
+    out = vllm_engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, seed=0))
+    assert isinstance(vllm_engine, RolloutEngine)
+    b = len(prompts) * 3
+    assert out["response_ids"].shape == (b, 6) and out["response_ids"].dtype == torch.int64
+    assert out["response_mask"].dtype == torch.float32 and out["rollout_log_probs"].dtype == torch.float32
+    assert out["group_index"].tolist() == [i for i in range(len(prompts)) for _ in range(3)]
+    stops = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    for ids, mask, lp in zip(out["response_ids"], out["response_mask"], out["rollout_log_probs"]):
+        length = int(mask.sum())
+        assert mask[:length].eq(1).all() and mask[length:].eq(0).all()  # a prefix of ones
+        assert not any(int(t) in stops for t in ids[:length - 1])  # nothing stops before the end...
+        assert length == 6 or int(ids[length - 1]) in stops  # ...and a short response ends with its stop token
+        assert ids[length:].eq(tokenizer.pad_token_id).all() and lp[length:].eq(0).all()
+        assert (lp[:length] < 0).all()
+    assert list(out["ground_truth"][:3]) == [prompts["ground_truth"][0]] * 3
+    assert len(out["responses"]) == b
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_after_a_training_update_vllm_matches_hf_and_the_train_engine(vllm_engine, llama, tokenizer, temperature):
+    module = copy.deepcopy(llama)
+    train = TrainEngine(module, TrainEngineConfig(lr=5e-2, precision="fp32", temperature=temperature))
+    hf = HFRolloutEngine(module, tokenizer=tokenizer)  # samples from the train module itself
+    prompts = prompt_batch(tokenizer)
+    batch = hf.generate(prompts, SamplingParams(max_new_tokens=6, seed=0, temperature=temperature))
+    train.update(batch.with_fields(old_log_probs=batch["rollout_log_probs"],
+                                   advantages=torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(0))),
+                 [("ppo_clip", 1.0, {})])
+
+    def gap(out):
+        return float(((out["rollout_log_probs"] - train.compute_log_probs(out)) * out["response_mask"]).abs().max())
+
+    stream_into(vllm_engine, [(n, t) for n, t in train.named_weights()], bucket_bytes=20_000)  # many buckets
+    vllm_out = vllm_engine.generate(prompts, _greedy(temperature=temperature))
+    hf_out = hf.generate(prompts, _greedy(temperature=temperature))
+    assert torch.equal(vllm_out["response_ids"], hf_out["response_ids"])
+    assert torch.equal(vllm_out["response_mask"], hf_out["response_mask"])
+    assert gap(vllm_out) < 1e-4
+    sampled = vllm_engine.generate(prompts, SamplingParams(n=2, max_new_tokens=6, seed=1, temperature=temperature))
+    assert gap(sampled) < 1e-4 and sampled["response_mask"].sum() > len(prompts)
+    # and the update did move the weights away from the model vLLM started with
+    stream_into(vllm_engine, llama.state_dict().items())
+    assert gap(vllm_engine.generate(prompts, _greedy(temperature=temperature))) > 1e-3
+
+
+def test_weights_through_shm_files_give_the_same_model(vllm_engine, llama, tokenizer):
+    prompts = prompt_batch(tokenizer)
+    changed = {n: t * 0.9 for n, t in llama.state_dict().items()}
+    vllm_engine.update_weights(changed.items())
+    direct = vllm_engine.generate(prompts, _greedy())
+    options = vllm_engine.options
+    vllm_engine.options = options.model_copy(update={"weight_transfer": "shm"})
+    try:
+        vllm_engine.update_weights(llama.state_dict().items())
+        vllm_engine.update_weights(changed.items())
+    finally:
+        vllm_engine.options = options
+    through_files = vllm_engine.generate(prompts, _greedy())
+    assert torch.equal(direct["response_ids"], through_files["response_ids"])
+    assert torch.allclose(direct["rollout_log_probs"], through_files["rollout_log_probs"], atol=1e-6)
+    vllm_engine.update_weights(llama.state_dict().items())
+
+
+def test_seeded_sampling_continues_and_resumes_from_its_rng_state(vllm_engine, tokenizer):
+    prompts = prompt_batch(tokenizer)
+    params = SamplingParams(n=2, max_new_tokens=6, seed=11)
+    first = vllm_engine.generate(prompts, params)["response_ids"]
+    state = json.loads(json.dumps(vllm_engine.rng_state()))
+    second = vllm_engine.generate(prompts, params)["response_ids"]
+    assert not torch.equal(first, second)  # a fresh draw each call
+    vllm_engine.set_rng_state(state)
+    assert torch.equal(vllm_engine.generate(prompts, params)["response_ids"], second)
+    assert len({vllm_seed(11, 0, k) for k in range(1000)}) == 1000
+
+
+def test_a_bad_or_partial_weight_sync_is_an_error_naming_it(vllm_engine, llama, tokenizer):
+    state = llama.state_dict()
+    name = next(iter(state))
+    with pytest.raises(ExecutionError, match="no tensor 'nope'"):
+        vllm_engine.update_weights([("nope", torch.zeros(1))])
+    with pytest.raises(ExecutionError, match=f"{name!r} has shape"):
+        vllm_engine.update_weights([(name, torch.zeros(3))])
+    vllm_engine.update_weights([(name, state[name])])
+    with pytest.raises(ExecutionError, match="stopped after 1 of"):
+        vllm_engine.generate(prompt_batch(tokenizer), _greedy())
+    vllm_engine.update_weights(state.items())  # the whole model: the sync completes
+    assert vllm_engine.generate(prompt_batch(tokenizer), _greedy())["response_ids"].shape[0] == 16
