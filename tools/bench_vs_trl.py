@@ -71,19 +71,25 @@ TRL_VERSION = "1.16.0"
 # ----------------------------------------------------------------------------- the TRL environment
 
 def ensure_trl_venv(venv: Path) -> Path:
-    """The side environment's python, made first if needed: this torch version first (the local wheel), then TRL."""
-    import torch
+    """The side environment's python, made first if needed: TRL over this environment's packages.
+
+    The new venv sees this environment's site-packages through a ``.pth`` file (appended after its
+    own), so pip finds this torch (the local CPU build) and transformers installed and downloads only
+    TRL and what it adds (accelerate, datasets, ...); a package TRL needs in another version is
+    installed into the side venv, which then shadows ours there only.
+    """
+    import sysconfig
 
     python = venv / "bin" / "python"
     check = [str(python), "-c", f"import trl, sys; sys.exit(trl.__version__ != {TRL_VERSION!r})"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
-    torch_spec = "torch==" + torch.__version__.split("+")[0]
-    print(f"making {venv} with {torch_spec} and trl=={TRL_VERSION} ...", flush=True)
+    print(f"making {venv} with trl=={TRL_VERSION} over this environment's torch ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run(pip + [torch_spec], check=True)
-    subprocess.run(pip + [f"trl=={TRL_VERSION}", torch_spec], check=True)  # torch named again: pip must keep it
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "hybridflow_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"trl=={TRL_VERSION}"], check=True)
     subprocess.run(check, check=True)
     return python
 
