@@ -91,8 +91,9 @@ def warn_if_oversubscribed(workers: int, threads: int, *, busy: float | None = N
     ours = workers * threads
     if ours + others <= cores + 0.5:
         return False
+    advice = ("fewer threads (num_threads) or fewer workers (cpu_slots) would help: each thread waits for the others "
+              "at every op" if ours > 1 else "this run already uses one thread; the other processes set the pace")
     log.warning("the machine is oversubscribed: %d worker(s) x %d torch thread(s) of this run and %.1f cores busy with "
-                "other processes, on %d cores; steps will be slower and noisier (each thread waits for the others at "
-                "every op). Fewer threads (num_threads) or fewer workers (cpu_slots) help; a busy neighbour hurts "
-                "most with more than one thread.", workers, threads, others, cores)
+                "other processes, on %d cores; steps will be slower and noisier (%s)", workers, threads, others, cores,
+                advice)
     return True
