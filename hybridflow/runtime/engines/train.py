@@ -36,6 +36,7 @@ from hybridflow.errors import BatchError, OpError
 
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
+from .sequence import trim_response_width
 from .optim import TrainEngineConfig, build_optimizer, build_scheduler, lr_factor
 
 __all__ = ["TrainEngine", "TrainEngineConfig", "LossTerm"]
@@ -95,9 +96,11 @@ class TrainEngine:
             raise OpError("compute_log_probs needs a causal LM; this engine trains a value model (use compute_values)")
         temperature = self.config.temperature if temperature is None else temperature
         self._mode(training=False)
+        tensors, width = trim_response_width(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))
         parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu()
-                 for t in self._chunks(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))]
-        return torch.cat(parts)
+                 for t in self._chunks(tensors)]
+        out = torch.cat(parts)
+        return torch.nn.functional.pad(out, (0, width - out.shape[-1]))  # 0 past the longest response
 
     @torch.no_grad()
     def compute_values(self, batch) -> torch.Tensor:
@@ -154,6 +157,7 @@ class TrainEngine:
         needs = frozenset(f.name for term in terms for f in term.spec.model_inputs)
         fields = tuple(dict.fromkeys(SEQUENCE_FIELDS + tuple(f.name for t in terms for f in t.spec.inputs)))
         tensors = self._tensors(batch, fields, f"update ({', '.join(t.spec.name for t in terms)})")
+        tensors, _ = trim_response_width(tensors)  # columns past the longest response: padding only
         self._mode(training=True)
         lr = self.optimizer.param_groups[0]["lr"]
         metrics, skipped = MetricMeans(), 0
