@@ -260,7 +260,8 @@ class TrainEngine:
         """Clip to ``max_grad_norm``; returns the norm before clipping (a 0-d tensor, not synced)."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor, made whole
 
     # ------------------------------------------------------------------ batching
 
