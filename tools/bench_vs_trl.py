@@ -31,7 +31,8 @@ every ``--eval-every`` steps with the same code on both sides. Printed: per seed
 accuracy of both at each evaluation, counts of gradient norms above 1, the largest, and
 entropy / length / reward over the last 10 steps; then the mean over seeds.
 
-Speed mode (``speed``): both frameworks on the same model folder, prompts, reward rule,
+Speed mode (``speed``): both frameworks on the same model folder (``--size tiny`` or ``10m``,
+``--new-tokens`` the response limit), prompts, reward rule,
 group size, lengths, learning rate and thread count, run alternately for ``--rounds``
 rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skipping on, then
 off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
@@ -70,19 +71,25 @@ TRL_VERSION = "1.16.0"
 # ----------------------------------------------------------------------------- the TRL environment
 
 def ensure_trl_venv(venv: Path) -> Path:
-    """The side environment's python, made first if needed: this torch version first (the local wheel), then TRL."""
-    import torch
+    """The side environment's python, made first if needed: TRL over this environment's packages.
+
+    The new venv sees this environment's site-packages through a ``.pth`` file (appended after its
+    own), so pip finds this torch (the local CPU build) and transformers installed and downloads only
+    TRL and what it adds (accelerate, datasets, ...); a package TRL needs in another version is
+    installed into the side venv, which then shadows ours there only.
+    """
+    import sysconfig
 
     python = venv / "bin" / "python"
     check = [str(python), "-c", f"import trl, sys; sys.exit(trl.__version__ != {TRL_VERSION!r})"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
-    torch_spec = "torch==" + torch.__version__.split("+")[0]
-    print(f"making {venv} with {torch_spec} and trl=={TRL_VERSION} ...", flush=True)
+    print(f"making {venv} with trl=={TRL_VERSION} over this environment's torch ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run(pip + [torch_spec], check=True)
-    subprocess.run(pip + [f"trl=={TRL_VERSION}", torch_spec], check=True)  # torch named again: pip must keep it
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "hybridflow_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"trl=={TRL_VERSION}"], check=True)
     subprocess.run(check, check=True)
     return python
 
@@ -96,10 +103,11 @@ def _env(threads: int) -> dict:
     return env
 
 
-def make_model(path: Path, seed: int, threads: int) -> Path:
+def make_model(path: Path, seed: int, threads: int, size: str = "tiny") -> Path:
     if not (path / "config.json").exists():
         subprocess.run([sys.executable, str(RUNNERS / "hybridflow_runner.py"), "--make-model", str(path), "--seed",
-                        str(seed)], check=True, env=_env(threads), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        str(seed), "--size", size], check=True, env=_env(threads), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
     return path
 
 
@@ -214,13 +222,15 @@ def speed(args) -> dict:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_dir = make_model(out / f"model_seed{args.seed}", args.seed, args.threads)
+    folder = f"model_seed{args.seed}" if args.size == "tiny" else f"model_{args.size}_seed{args.seed}"
+    model_dir = make_model(out / folder, args.seed, args.threads, args.size)
     trl_python = str(ensure_trl_venv(Path(args.trl_venv)))
     sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", {}),
              "hybridflow_noskip": (sys.executable, "hybridflow_runner.py", {"train": {"skip_vanishing_rows": False}}),
              "trl": (trl_python, "trl_runner.py", {})}
     base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
-                     group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads)
+                     group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
+                     max_new_tokens=args.new_tokens)
     times: dict[str, list[float]] = {side: [] for side in sides}
     tokens: dict[str, list[float]] = {side: [] for side in sides}
     rss: dict[str, float] = {side: 0.0 for side in sides}
@@ -236,13 +246,14 @@ def speed(args) -> dict:
     result = {side: {"s_per_step": statistics.median(times[side]), "tokens_per_s": statistics.median(tokens[side]),
                      "peak_rss_mb": rss[side]} for side in sides}
     ref = result["trl"]
-    print(f"\n{args.prompts} prompts x {args.group}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps "
+    print(f"\n{args.size} model, {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, {args.threads} "
+          f"thread(s), {args.rounds} rounds of {args.steps} steps "
           f"(first {args.skip} of each left out)")
     print(f"  {'':18}{'s/step':>10}{'tokens/s':>12}{'peak RSS MB':>13}{'speed vs TRL':>14}")
     for side, r in result.items():
         print(f"  {side:18}{r['s_per_step']:10.3f}{r['tokens_per_s']:12.0f}{r['peak_rss_mb']:13.0f}"
               f"{ref['s_per_step'] / r['s_per_step']:13.2f}x")
-    (out / "speed.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
+    (out / f"speed_{args.size}_{args.new_tokens}.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
                                                indent=1))
     return result
 
@@ -302,6 +313,9 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=16, help="responses per prompt")
     p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    p.add_argument("--size", choices=("tiny", "10m"), default="tiny",
+                   help="the model: the built-in task's tiny one (~130k parameters) or one of ~7.9M (hidden 256, 8 layers)")
+    p.add_argument("--new-tokens", type=int, default=3, help="response length limit (the issue's settings: 8 on tiny, 64 on 10m)")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
     p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
     p = modes.add_parser("replay", help="TRL's loss and update on hybridflow's recorded batches")

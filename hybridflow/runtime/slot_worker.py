@@ -58,11 +58,16 @@ class SlotWorker:
         """Local slots: cross-pool weight syncs in this process (sync group -> the sender's tensors)."""
 
     # -- set-up ------------------------------------------------------------------------------
-    def probe(self, use_gpu: bool, cpus: Sequence[int] = ()) -> str:
-        """Pin this process to ``cpus`` (if any) and say where it computes: 'cuda:0' or 'cpu'."""
+    def probe(self, use_gpu: bool, cpus: Sequence[int] = (), threads: int | None = None) -> str:
+        """Pin this process to ``cpus`` (if any) and say where it computes: 'cuda:0' or 'cpu'.
+
+        torch threads: one per pinned core, else ``threads`` (the slot's CPU share from its bundle) when given.
+        """
         if cpus:
             os.sched_setaffinity(0, set(cpus))
             torch.set_num_threads(len(cpus))
+        elif threads:
+            torch.set_num_threads(threads)
         self.device = "cuda:0" if use_gpu and torch.cuda.is_available() else "cpu"
         if self.device.startswith("cuda"):
             torch.cuda.set_device(0)

@@ -147,6 +147,7 @@ class Trainer:
         check_trainable(self.graph)
         check_batch_sizes(self.graph, cfg)
         self.machine = run_machine(self)
+        self._set_threads()
         self.plan = plan_for_run(self, self.machine)
         log.info("plan (%s, %s): %s", self.plan.strategy, self.plan.machine, plan_summary(self.plan))
         (self.output_dir / "plan.json").write_text(self.plan.to_json())
@@ -164,6 +165,22 @@ class Trainer:
         self._resume()
         if self._trackers is None:
             self._trackers = build_trackers(cfg, self.output_dir, self.step if self.resumed_from else None)
+
+    def _set_threads(self) -> None:
+        """CPU runs: this process's torch threads from its slot's share of the cores and the cores others keep
+        busy (:func:`~hybridflow.runtime.threads.slot_threads`; ``num_threads`` wins), and a warning when the
+        machine is oversubscribed. Ray slots get their share through their bundles (one process per slot)."""
+        from ..runtime.threads import busy_cores, slot_threads, warn_if_oversubscribed
+
+        if self.machine.kind != "cpu":
+            return
+        busy = busy_cores()
+        if self.config.executor == "ray":
+            warn_if_oversubscribed(self.machine.slots, self.machine.threads_per_slot or 1, busy=busy)
+            return
+        threads = slot_threads(self.machine.threads_per_slot, requested=self.config.num_threads, busy=busy)
+        torch.set_num_threads(threads)
+        warn_if_oversubscribed(1, threads, busy=busy)
 
     def role_specs(self) -> dict[str, RoleSpec]:
         """How to build each role's engines from the config."""

@@ -36,14 +36,19 @@ METRICS = {"actor/grad_norm": "grad_norm", "actor/entropy": "entropy", "response
            "actor/lr": "lr", "actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "ppo_kl"}
 
 
-def make_model(path: Path, seed: int) -> None:
+MODEL_SIZES = {"tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2),
+               "10m": dict(hidden=256, layers=8, heads=8, kv_heads=4, intermediate=1024)}
+"""Shapes of the bench's model folders: the built-in task's tiny model (~130k parameters) and one of ~7.9M."""
+
+
+def make_model(path: Path, seed: int, size: str = "tiny") -> None:
     """The built-in task's model (hybridflow.trainer.setup): random weights, 40 format-only warm-up steps."""
     from hybridflow.data import create_tiny_model_dir, load_causal_lm
     from hybridflow.data import load_tokenizer as hf_tokenizer
     from hybridflow.data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
     from hybridflow.trainer.warmup import supervised_warmup
 
-    create_tiny_model_dir(path, task="arithmetic", seed=seed, hidden=64, layers=2, heads=4, kv_heads=2)
+    create_tiny_model_dir(path, task="arithmetic", seed=seed, **MODEL_SIZES[size])
     model = load_causal_lm(path)
     supervised_warmup(model, hf_tokenizer(path), make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3,
                       seed=seed)
@@ -147,10 +152,11 @@ def main(argv=None) -> None:
     parser.add_argument("config", nargs="?", help="RunConfig JSON file")
     parser.add_argument("--make-model", metavar="DIR", help="write the seed's model folder to DIR and exit")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=sorted(MODEL_SIZES), default="tiny", help="the model folder's shape")
     args = parser.parse_args(argv)
     if args.make_model:
         torch.set_num_threads(1)
-        make_model(Path(args.make_model), args.seed)
+        make_model(Path(args.make_model), args.seed, args.size)
     else:
         run(RunConfig.load(args.config))
 

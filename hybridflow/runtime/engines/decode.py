@@ -29,10 +29,16 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from hybridflow.errors import ExecutionError
+
+from .lean_decode import LEAN_MODEL_TYPES, lean_stepper
 from .sampling import SamplingParams, choose_tokens, scaled_log_probs
 from .sequence import position_ids_from_mask
 
-__all__ = ["Decoded", "decode"]
+__all__ = ["Decoded", "PATHS", "decode"]
+
+PATHS = ("auto", "lean", "hf")
+"""How :func:`decode` feeds tokens after the prefill."""
 
 
 class Decoded(NamedTuple):
@@ -58,15 +64,37 @@ def _new_cache(model: torch.nn.Module):
         return DynamicCache()
 
 
-@torch.no_grad()
-def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams, *,
-           eos_token_ids: Sequence[int], pad_token_id: int, generator: torch.Generator | None = None) -> Decoded:
-    """Generate ``params.n`` responses of up to ``params.max_new_tokens`` tokens after each left-padded prompt.
+class _HFStepper:
+    """The one-token forward through the model's own ``forward`` and its ``DynamicCache`` (any architecture)."""
 
-    Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b * n, max_new_tokens)``
-    tensors, the ``n`` responses of a prompt in consecutive rows (``repeat_interleave`` order).
+    def __init__(self, model: torch.nn.Module, cache, cache_kw: dict, attention: torch.Tensor, positions: torch.Tensor):
+        self.model, self.cache_kw, self.attention = model, cache_kw, attention
+        self.next_position = positions[:, -1:] + 1
+
+    def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+        self.attention = torch.cat([self.attention, alive.long()[:, None]], dim=-1)
+        logits = self.model(input_ids=token[:, None], attention_mask=self.attention, position_ids=self.next_position,
+                            use_cache=True, **self.cache_kw).logits[:, -1]
+        self.next_position = self.next_position + 1
+        return logits
+
+
+def _prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int,
+             path: str):
+    """The prompt's forward once, then what feeds one token at a time to ``n`` copies of each row.
+
+    Returns ``(logits (b * n, V), stepper)``: the lean stepper (:mod:`.lean_decode`) when
+    ``path`` is ``"auto"`` or ``"lean"`` and the model is one it drives, else the transformers one.
     """
-    device, n, steps = prompt_ids.device, params.n, params.max_new_tokens
+    if path != "hf":
+        stepper = lean_stepper(model, prompt_ids, prompt_mask, n, steps - 1)
+        if stepper is not None:
+            return stepper.logits, stepper
+        if path == "lean":
+            raise ExecutionError(f"decode(path='lean'): {type(model).__name__} is not a model the lean path drives "
+                                 f"(config.model_type in {sorted(LEAN_MODEL_TYPES)}, full attention, plain lm_head, "
+                                 "no forward hooks); use path='auto' or 'hf'")
+    device = prompt_ids.device
     cache = _new_cache(model)
     cache_kw = {_cache_keyword(model): cache}
     attention = prompt_mask.long()
@@ -78,13 +106,30 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
         rows = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)
         cache.reorder_cache(rows)
         logits, attention, positions = logits[rows], attention[rows], positions[rows]
+    return logits, _HFStepper(model, cache, cache_kw, attention, positions)
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams, *,
+           eos_token_ids: Sequence[int], pad_token_id: int, generator: torch.Generator | None = None,
+           path: str = "auto") -> Decoded:
+    """Generate ``params.n`` responses of up to ``params.max_new_tokens`` tokens after each left-padded prompt.
+
+    Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b * n, max_new_tokens)``
+    tensors, the ``n`` responses of a prompt in consecutive rows (``repeat_interleave`` order).
+    ``path``: ``"auto"`` (the lean path where it applies, see :mod:`.lean_decode`), ``"lean"``
+    (an ExecutionError where it does not) or ``"hf"`` (always the model's own forward).
+    """
+    if path not in PATHS:
+        raise ExecutionError(f"decode: path must be one of {PATHS}, got {path!r}")
+    device, steps = prompt_ids.device, params.max_new_tokens
+    logits, stepper = _prefill(model, prompt_ids, prompt_mask, params.n, steps, path)
     b = logits.shape[0]
     stops = torch.tensor(sorted({*eos_token_ids, pad_token_id}), dtype=torch.long, device=device)
     tokens = torch.full((b, steps), pad_token_id, dtype=torch.long, device=device)
     mask = torch.zeros((b, steps), dtype=torch.float32, device=device)
     log_probs = torch.zeros((b, steps), dtype=torch.float32, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    next_position = positions[:, -1:] + 1
     for t in range(steps):
         step_log_probs = scaled_log_probs(logits, params.temperature)
         token = choose_tokens(step_log_probs, params, generator)
@@ -96,8 +141,5 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
             done = done | torch.isin(token, stops)
         if t == steps - 1 or bool(done.all()):
             break
-        attention = torch.cat([attention, (~done).long()[:, None]], dim=-1)
-        logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position, use_cache=True,
-                       **cache_kw).logits[:, -1]
-        next_position = next_position + 1
+        logits = stepper.step(t, token, ~done)
     return Decoded(tokens, mask, log_probs)

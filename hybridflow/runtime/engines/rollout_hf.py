@@ -31,6 +31,7 @@ from hybridflow.errors import ExecutionError
 
 from ..batch import Batch
 from .decode import decode
+from .lean_decode import supports_lean
 from .sampling import SamplingParams
 from .text import decode_responses
 
@@ -101,12 +102,15 @@ class HFRolloutEngine:
         if "prompt_ids" not in batch or "prompt_mask" not in batch:
             raise ExecutionError(f"generate needs prompt_ids and prompt_mask in the batch; it has {batch.keys()}")
         generator = self._generator(params.seed)
-        was_training = self.model.training
-        self.model.eval()
+        # eval mode for the model's own forward; the lean path computes as in eval mode in either (no dropout)
+        switch = self.model.training and not supports_lean(self.model)
+        if switch:
+            self.model.eval()
         try:
             parts = [self._decode(piece, params, generator) for piece in self._pieces(batch, params.n)]
         finally:
-            self.model.train(was_training)
+            if switch:
+                self.model.train()
         fields = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
         if self.tokenizer is not None:
             fields["responses"] = decode_responses(self.tokenizer, fields["response_ids"], fields["response_mask"],

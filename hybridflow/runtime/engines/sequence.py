@@ -70,3 +70,24 @@ def response_hidden(backbone: torch.nn.Module, inputs: ModelInputs, prompt_len: 
                    position_ids=inputs.position_ids, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden[:, prompt_len - 1:]
+
+
+def trim_response_width(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """Cut the response columns after the last one any row uses: ``(b, R)`` fields -> ``(b, R')``, and ``R``.
+
+    Responses are right-padded to the generation limit ``R``; when every response of a batch ended
+    earlier, the columns past the longest one hold padding only. Cutting them changes no number the
+    losses or log-probs read, up to float summation order: a position attends only to positions
+    before it (causal), and the losses mask padding out (their token and sequence counts come from
+    ``response_mask``, which loses only zeros). Fields cut: those whose first two dimensions are
+    ``response_mask``'s, other than the ``prompt_*`` ones. One host sync (the width).
+    """
+    mask = tensors["response_mask"]
+    width = mask.shape[-1]
+    used = (mask != 0).any(0).nonzero()
+    keep = int(used.max()) + 1 if len(used) else 1
+    if keep >= width:
+        return tensors, width
+    cut = {name: (value[:, :keep] if not name.startswith("prompt_") and value.dim() >= 2 and value.shape[:2] == mask.shape
+                  else value) for name, value in tensors.items()}
+    return cut, width

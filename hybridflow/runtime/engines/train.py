@@ -36,6 +36,7 @@ from hybridflow.errors import BatchError, OpError
 
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
+from .sequence import trim_response_width
 from .optim import TrainEngineConfig, build_optimizer, build_scheduler, lr_factor
 
 __all__ = ["TrainEngine", "TrainEngineConfig", "LossTerm"]
@@ -95,9 +96,11 @@ class TrainEngine:
             raise OpError("compute_log_probs needs a causal LM; this engine trains a value model (use compute_values)")
         temperature = self.config.temperature if temperature is None else temperature
         self._mode(training=False)
+        tensors, width = trim_response_width(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))
         parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu()
-                 for t in self._chunks(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))]
-        return torch.cat(parts)
+                 for t in self._chunks(tensors)]
+        out = torch.cat(parts)
+        return torch.nn.functional.pad(out, (0, width - out.shape[-1]))  # 0 past the longest response
 
     @torch.no_grad()
     def compute_values(self, batch) -> torch.Tensor:
@@ -154,6 +157,7 @@ class TrainEngine:
         needs = frozenset(f.name for term in terms for f in term.spec.model_inputs)
         fields = tuple(dict.fromkeys(SEQUENCE_FIELDS + tuple(f.name for t in terms for f in t.spec.inputs)))
         tensors = self._tensors(batch, fields, f"update ({', '.join(t.spec.name for t in terms)})")
+        tensors, _ = trim_response_width(tensors)  # columns past the longest response: padding only
         self._mode(training=True)
         lr = self.optimizer.param_groups[0]["lr"]
         metrics, skipped = MetricMeans(), 0
@@ -172,47 +176,61 @@ class TrainEngine:
 
     def _mini_batch_step(self, mini: dict, terms: tuple[ResolvedTerm, ...], needs: frozenset[str],
                          count_reduce: CountReduce | None) -> dict[str, float] | None:
-        """Accumulate the micro-batch gradients and take one optimizer step; None when skipped (non-finite)."""
+        """Accumulate the micro-batch gradients and take one optimizer step; None when skipped (non-finite).
+
+        The metrics stay tensors until one host sync after the gradient clipping (``tolist`` of one
+        stacked tensor): a loss that is not finite is found there, its gradients (non-finite too, or
+        meaningless) are dropped with the step, as a non-finite gradient norm's are.
+        """
         mask = mini["response_mask"]
         counts = torch.stack([count_tokens(mask), count_seqs(mask)])
         if count_reduce is not None:
             counts = count_reduce(counts)
         global_counts = {"global_tokens": counts[0], "global_seqs": counts[1]}
-        local_tokens = max(float(count_tokens(mask)), 1.0)
+        local_tokens = count_tokens(mask).float().clamp(min=1.0)
         self.optimizer.zero_grad(set_to_none=True)
-        token_means, loss_sums = MetricMeans(), {"loss": 0.0}
+        pending: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
         mini = self._rows_that_contribute(mini, terms)
         for micro in self._chunks(mini):
-            share = float(count_tokens(micro["response_mask"])) / local_tokens
-            total = self._micro_batch_loss(micro, terms, needs, global_counts, token_means, loss_sums, share)
-            if not math.isfinite(loss_sums["loss"]):
-                self.optimizer.zero_grad(set_to_none=True)
-                return None
-            total.backward()
+            share = count_tokens(micro["response_mask"]).float() / local_tokens
+            self._micro_batch_loss(micro, terms, needs, global_counts, pending, share).backward()
         if not len(mini["response_mask"]):
             self._zero_gradients()  # no row contributes: the optimizer still takes its (zero-gradient) step
         grad_norm = self._clip_gradients()
-        if not math.isfinite(grad_norm):
+        scalars = [grad_norm.float()] + [v for _, v, _ in pending] + [w for _, _, w in pending if w is not None]
+        values = torch.stack([t.reshape(()).to(grad_norm.device, torch.float32) for t in scalars]).tolist()
+        grad_norm_value, values, weights = values[0], values[1:len(pending) + 1], iter(values[len(pending) + 1:])
+        token_means, loss_sums = MetricMeans(), {"loss": 0.0}
+        for (name, _, share), value in zip(pending, values):
+            if share is None:
+                loss_sums[name] = loss_sums.get(name, 0.0) + value
+            else:
+                token_means.add(name, value, next(weights))
+        if not (math.isfinite(loss_sums["loss"]) and math.isfinite(grad_norm_value)):
             self.optimizer.zero_grad(set_to_none=True)
             return None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**token_means.means(), **loss_sums, "grad_norm": grad_norm}
+        return {**token_means.means(), **loss_sums, "grad_norm": grad_norm_value}
 
-    def _micro_batch_loss(self, micro: dict, terms, needs, global_counts, token_means: MetricMeans,
-                          loss_sums: dict, share: float) -> torch.Tensor:
-        """The weighted loss of one micro-batch; its metrics go into ``token_means`` / ``loss_sums``."""
+    def _micro_batch_loss(self, micro: dict, terms, needs, global_counts, pending: list,
+                          share: torch.Tensor) -> torch.Tensor:
+        """The weighted loss of one micro-batch; its metrics are appended to ``pending`` as tensors.
+
+        ``pending`` entries: ``(name, value, share)``; share None for the losses (summed over
+        micro-batches), the micro-batch's token share for the ops' metrics (token-weighted means).
+        """
         outputs = self._model_outputs(micro, needs)
         total = torch.zeros((), device=self.device)
         for term in terms:
             result = term.evaluate(outputs, micro, global_counts)
             total = total + term.weight * result.loss
-            loss_sums[term.metric_name] = loss_sums.get(term.metric_name, 0.0) + float(result.loss.detach())
+            pending.append((term.metric_name, result.loss.detach(), None))
             for name, value in zip(result._fields[1:], result[1:]):
-                token_means.add(name, float(value), share)
+                pending.append((name, torch.as_tensor(value).detach(), share))
         if "entropy" in outputs and self.config.entropy_metric:
-            token_means.add("entropy", float(masked_mean(outputs["entropy"].detach(), micro["response_mask"])), share)
-        loss_sums["loss"] += float(total.detach())
+            pending.append(("entropy", masked_mean(outputs["entropy"].detach(), micro["response_mask"]), share))
+        pending.append(("loss", total.detach(), None))
         return total
 
     def _rows_that_contribute(self, mini: dict, terms: tuple[ResolvedTerm, ...]) -> dict:
@@ -238,10 +256,12 @@ class TrainEngine:
                 if param.requires_grad and param.grad is None:
                     param.grad = torch.zeros_like(param)
 
-    def _clip_gradients(self) -> float:
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip to ``max_grad_norm``; returns the norm before clipping (a 0-d tensor, not synced)."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor, made whole
 
     # ------------------------------------------------------------------ batching
 

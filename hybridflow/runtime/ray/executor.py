@@ -107,8 +107,10 @@ class RayExecutor(PlanExecutor):
                 max_restarts=0, max_task_retries=0,
             ).remote(slot, specs, timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
         try:
+            bundles = self._reservation.bundles
             devices = self._get_all({s.name: self.actor(s).probe.remote(self._reservation.uses_gpu(s.pool),
-                                                                       tuple(o["pin_cpus"].get(s.pool, ())))
+                                                                       tuple(o["pin_cpus"].get(s.pool, ())),
+                                                                       max(1, int(bundles[s.pool]["CPU"])))
                                      for s in self.topology.slots}, "start", o["setup_timeout_s"])
             groups = {name: (ranks, group_backend(ranks, self.topology, devices))
                       for name, ranks in self.topology.groups.items()}

@@ -1,0 +1,156 @@
+"""The lean decode path (runtime/engines/lean_decode.py) against the transformers loop it replaces.
+
+Reference: ``decode(..., path="hf")``, the model's own forward with a ``DynamicCache`` one token
+at a time. Same generator seed -> the same tokens and masks, and log-probs within float32
+tolerance, over prompt lengths, left padding, EOS in the middle, n > 1, sampling settings and
+both Llama-family architectures of hybridflow.data.tiny; other models fall back to the reference.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.data.tiny import make_tiny_model
+from hybridflow.errors import ExecutionError
+from hybridflow.runtime.engines.decode import decode
+from hybridflow.runtime.engines.lean_decode import supports_lean
+from hybridflow.runtime.engines.sampling import SamplingParams
+
+VOCAB, EOS, PAD = 24, 2, 0
+
+
+def _model(arch: str, **shape):
+    return make_tiny_model(arch, vocab_size=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=3, **shape).eval()
+
+
+def _prompts(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of the given lengths (token ids 4.. so no prompt token is EOS or pad)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n:] = torch.randint(4, VOCAB, (n,), generator=g)
+        mask[row, width - n:] = 1
+    return ids, mask
+
+
+def _both(model, ids, mask, params, seed=0):
+    out = {}
+    for path in ("hf", "lean"):
+        gen = torch.Generator().manual_seed(seed)
+        out[path] = decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=gen, path=path)
+    return out["hf"], out["lean"]
+
+
+def _assert_same(ref, lean):
+    assert torch.equal(ref.response_ids, lean.response_ids)
+    assert torch.equal(ref.response_mask, lean.response_mask)
+    torch.testing.assert_close(lean.log_probs, ref.log_probs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("lengths", [[1], [5, 5, 5], [1, 4, 9], [9, 2, 6, 3]])
+@pytest.mark.parametrize("n", [1, 4])
+def test_same_tokens_and_log_probs_as_the_transformers_loop(arch, lengths, n):
+    model = _model(arch)
+    assert supports_lean(model)
+    ids, mask = _prompts(lengths, seed=len(lengths) + n)
+    ref, lean = _both(model, ids, mask, SamplingParams(n=n, max_new_tokens=24), seed=n)
+    _assert_same(ref, lean)
+    assert ref.response_ids.shape == (len(lengths) * n, 24)
+
+
+def test_eos_in_the_middle_and_finished_rows_padded():
+    model = _model("qwen2")
+    ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8], seed=5)
+    ref, lean = _both(model, ids, mask, SamplingParams(n=3, max_new_tokens=30), seed=11)
+    _assert_same(ref, lean)
+    lengths = ref.response_mask.sum(-1)
+    assert ((lengths > 1) & (lengths < 30)).any(), "the case needs responses that end at an EOS mid-way"
+    assert (lengths == 30).any(), "and some that run to the limit"
+    ended = ref.response_ids[torch.arange(len(lengths)), (lengths.long() - 1).clamp(min=0)]
+    assert torch.isin(ended[lengths < 30], torch.tensor([EOS, PAD])).all()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=2, max_new_tokens=12, temperature=0.7),
+    SamplingParams(n=2, max_new_tokens=12, top_k=5, top_p=0.8),
+    SamplingParams(n=1, max_new_tokens=12, greedy=True),
+    SamplingParams(n=3, max_new_tokens=12, stop_at_eos=False),
+    SamplingParams(n=2, max_new_tokens=1),
+])
+def test_sampling_settings(params):
+    model = _model("llama", tie_embeddings=True)
+    ids, mask = _prompts([2, 6, 4], seed=2)
+    _assert_same(*_both(model, ids, mask, params, seed=4))
+
+
+def test_successive_calls_continue_the_generator_alike():
+    model = _model("qwen2")
+    ids, mask = _prompts([3, 5], seed=1)
+    params = SamplingParams(n=2, max_new_tokens=8)
+    outs = {}
+    for path in ("hf", "lean"):
+        gen = torch.Generator().manual_seed(7)
+        outs[path] = [decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=gen, path=path)
+                      for _ in range(3)]
+    for ref, lean in zip(outs["hf"], outs["lean"]):
+        _assert_same(ref, lean)
+    assert not torch.equal(outs["hf"][0].response_ids, outs["hf"][1].response_ids)
+
+
+def test_other_architectures_fall_back_and_lean_only_is_an_error():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    assert not supports_lean(model)
+    ids, mask = _prompts([2, 4])
+    params = SamplingParams(n=2, max_new_tokens=6)
+    gen = torch.Generator().manual_seed(0)
+    auto = decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=gen)
+    gen = torch.Generator().manual_seed(0)
+    ref = decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=gen, path="hf")
+    _assert_same(ref, auto)
+    with pytest.raises(ExecutionError, match="lean path"):
+        decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, path="lean")
+    with pytest.raises(ExecutionError, match="path must be one of"):
+        decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, path="fast")
+
+
+def test_sliding_window_layers_are_not_driven():
+    model = _model("qwen2")
+    model.config.layer_types = ["sliding_attention"] + list(model.config.layer_types[1:])
+    assert not supports_lean(model)
+
+
+def test_a_forward_hook_sends_decoding_through_the_model_forward():
+    model = _model("qwen2")
+    handle = model.lm_head.register_forward_hook(lambda module, args, output: output)
+    try:
+        assert not supports_lean(model)
+    finally:
+        handle.remove()
+    assert supports_lean(model)
+
+
+def test_the_lean_path_computes_as_in_eval_mode_so_the_engine_keeps_the_train_mode():
+    from hybridflow.data.tiny import make_tiny_tokenizer
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.engines import HFRolloutEngine
+
+    model = _model("qwen2")
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5  # would change the model's own forward in train mode
+    ids, mask = _prompts([3, 6], seed=9)
+    params = SamplingParams(n=2, max_new_tokens=10)
+    ref = decode(model.eval(), ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD,
+                 generator=torch.Generator().manual_seed(0), path="hf")
+    model.train()
+    lean = decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD,
+                  generator=torch.Generator().manual_seed(0), path="lean")
+    _assert_same(ref, lean)
+    engine = HFRolloutEngine(model, tokenizer=make_tiny_tokenizer(), eos_token_ids=EOS, pad_token_id=PAD)
+    out = engine.generate(Batch({"prompt_ids": ids, "prompt_mask": mask}, batch_size=2), params.model_copy(update={"seed": 0}))
+    assert model.training  # no switch to eval and back: nothing in the lean path depends on the mode
+    assert torch.equal(out["response_ids"], ref.response_ids)

@@ -1,0 +1,94 @@
+"""Benchmark: the rollout decode loop's lean path against the transformers path, interleaved in one run.
+
+    python tools/bench_rollout_decode.py                           # the tiny model, 8 prompts x 8, 8 new tokens
+    python tools/bench_rollout_decode.py --size 10m --new-tokens 64
+    python tools/bench_rollout_decode.py --json
+
+One model (hybridflow.data.tiny, random weights, ``--arch``), one batch of left-padded
+prompts of mixed lengths, ``n`` samples each, no stop at EOS (every row decodes all
+``--new-tokens``, so both paths do the same work). Each round calls
+:func:`hybridflow.runtime.engines.decode.decode` with ``path="hf"`` and ``path="lean"``
+(order alternating) from generators seeded alike, checks that both gave the same tokens,
+and times each on the wall clock and in process CPU time (the figure to read on a
+busy machine, see tools/bench_overhead.py). Printed: median ms per call of each path, the median per-round ratio
+``hf / lean`` and per-token figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+SIZES = {"tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2), "10m": dict(hidden=256, layers=8, heads=8, kv_heads=4)}
+"""Model shapes: the trainer's tiny model (~130k parameters) and one of ~6-10M parameters."""
+
+
+def setup(args):
+    from hybridflow.data.tiny import make_tiny_model
+
+    torch.manual_seed(args.seed)
+    model = make_tiny_model(args.arch, vocab_size=args.vocab, seed=args.seed, **SIZES[args.size]).eval()
+    lengths = torch.randint(3, args.prompt_len + 1, (args.prompts,))
+    ids = torch.randint(4, args.vocab, (args.prompts, args.prompt_len))
+    mask = (torch.arange(args.prompt_len)[None] >= args.prompt_len - lengths[:, None]).long()
+    return model, ids * mask, mask
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--arch", choices=("qwen2", "llama"), default="qwen2")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from hybridflow.runtime.engines.decode import decode
+    from hybridflow.runtime.engines.sampling import SamplingParams
+
+    model, ids, mask = setup(args)
+    params = SamplingParams(n=args.group, max_new_tokens=args.new_tokens, stop_at_eos=False)
+    times: dict[str, list[float]] = {"hf": [], "lean": []}
+    cpu: dict[str, list[float]] = {"hf": [], "lean": []}
+    same = True
+    for r in range(args.rounds + 2):
+        outs = {}
+        for path in (("hf", "lean") if r % 2 == 0 else ("lean", "hf")):
+            gen = torch.Generator().manual_seed(r)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            outs[path] = decode(model, ids, mask, params, eos_token_ids=[2], pad_token_id=0, generator=gen, path=path)
+            if r >= 2:  # two warm-up rounds
+                times[path].append(time.perf_counter() - start)
+                cpu[path].append(time.process_time() - start_cpu)
+        same &= torch.equal(outs["hf"].response_ids, outs["lean"].response_ids)
+    params_count = sum(p.numel() for p in model.parameters())
+    result = {"size": args.size, "arch": args.arch, "parameters": params_count, "rows": args.prompts * args.group,
+              "new_tokens": args.new_tokens, "threads": args.threads, "rounds": args.rounds, "same_tokens": bool(same)}
+    for clock, t in (("wall", times), ("cpu", cpu)):
+        result[clock] = {"hf_ms": round(1e3 * statistics.median(t["hf"]), 2),
+                         "lean_ms": round(1e3 * statistics.median(t["lean"]), 2),
+                         "speedup": round(statistics.median(h / l for h, l in zip(t["hf"], t["lean"])), 2)}
+    if args.json:
+        print(json.dumps(result))
+        return result
+    print(f"decode, {args.arch} {args.size} ({params_count / 1e6:.2f}M parameters), {args.prompts} prompts x {args.group}, "
+          f"{args.new_tokens} new tokens, {args.threads} thread(s), {args.rounds} interleaved rounds")
+    for clock in ("cpu", "wall"):
+        c = result[clock]
+        print(f"  {clock:4} transformers path {c['hf_ms']:.2f} ms, lean path {c['lean_ms']:.2f} ms per call "
+              f"-> {c['speedup']:.2f}x (median of per-round ratios)")
+    print(f"  same tokens on every round: {same}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
