@@ -7,7 +7,9 @@ STYLE.md, principle 3), distributed:
   device slot in it, hosting a :class:`~hybridflow.runtime.worker.RoleWorker`
   for every role placed on the pool (:mod:`..slot_worker`); all slots form one
   ``torch.distributed`` world with a group per pool (FSDP2 when dp > 1) and a
-  group per cross-pool weight sync (:mod:`..topology`);
+  group per cross-pool weight sync (:mod:`..topology`), meeting at the global
+  rank-0 slot's node address and a port it picked there, so the world and its
+  groups may span Ray nodes (gloo on CPU, NCCL for groups of CUDA slots);
 * **dispatch** — each op goes to every slot of its pool, the batch split by
   data-parallel rank and the results merged (:data:`..interpreter.OP_SUBMITTERS`,
   :mod:`..dispatch`); controller ops (``compute`` nodes) run in this process;
@@ -40,7 +42,7 @@ from ..spans import SpanRecorder
 from ..dispatch import merge_results, split_for_ranks
 from ..topology import Slot, Topology
 from ..weight_sync import DEFAULT_BUCKET_BYTES
-from .cluster import DeviceResource, connect, free_port, release_pools, reserve_pools
+from .cluster import DeviceResource, connect, release_pools, reserve_pools
 from .remote_engines import RemoteWorker
 
 __all__ = ["RayExecutor"]
@@ -114,7 +116,9 @@ class RayExecutor(PlanExecutor):
                                      for s in self.topology.slots}, "start", o["setup_timeout_s"])
             groups = {name: (ranks, group_backend(ranks, self.topology, devices))
                       for name, ranks in self.topology.groups.items()}
-            init = f"tcp://127.0.0.1:{free_port()}"
+            first = next(s for s in self.topology.slots if s.global_rank == 0)
+            init = self._get_all({first.name: self.actor(first).rendezvous.remote()}, "rendezvous",
+                                 o["setup_timeout_s"])[first.name]
             refs = {s.name: self.actor(s).setup.remote(init, self.topology.world_size, groups) for s in self.topology.slots}
             self.slot_info = self._get_all(refs, "set-up", o["setup_timeout_s"])
         except BaseException:
@@ -222,7 +226,7 @@ class RayExecutor(PlanExecutor):
         cause = getattr(err, "cause", None) or err
         if dead:
             names = "; ".join(f"pool {s.pool!r} rank {s.rank} (roles {', '.join(r.role for r in s.roles)}, "
-                              f"device {s.device})" for s in dead)
+                              f"device {s.device}, {self._node_of(s)})" for s in dead)
             reason = str(cause).strip().splitlines()
             return WorkerLostError(f"{what}: worker {names} died ({type(cause).__name__}: {reason[0] if reason else ''}). "
                                    "The executor stopped instead of waiting for it; restart() builds a fresh worker "
@@ -230,6 +234,11 @@ class RayExecutor(PlanExecutor):
         if isinstance(cause, HybridflowError):
             return cause
         return ExecutionError(f"{what} failed on {slot.describe()}: {type(cause).__name__}: {cause}")
+
+    def _node_of(self, slot: Slot) -> str:
+        """``Ray node 4ecf536e at 10.0.0.2``: where the slot ran (as its set-up reported)."""
+        info = self.slot_info.get(slot.name, {})
+        return f"Ray node {info.get('node_id', '?')[:8]} at {info.get('node_ip', '?')}"
 
     def _dead_slots(self, pools: set[str], timeout_s: float = 5.0) -> list[Slot]:
         """The slots of ``pools`` whose process is gone (a busy slot's ping just waits: it is alive)."""
