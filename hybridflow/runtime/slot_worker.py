@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -193,6 +194,32 @@ class SlotWorker:
         start = time.time()
         self.worker.onload(role, items)
         return None, (start, time.time())
+
+    # -- checkpoints: this slot's shard of its train engines (see train_state) ----------------------
+    def save_train_states(self, roles: Sequence[str], folder: str) -> tuple[dict[str, Any], dict[str, dict]]:
+        """Write this slot's shard of each role's train engine to ``<folder>/<role>`` (with the pool's other slots).
+
+        Returns the roles' JSON state and, from the pool's rank 0 (after DCP's last step: every rank's file is
+        written), the manifest entries of those folders (paths relative to ``folder``)."""
+        from .dcp_files import folder_manifest
+        from .train_state import save_train_state
+
+        group = self.groups.get(pool_group(self.slot.pool))
+        states = {role: save_train_state(self._part(role, "train"), Path(folder) / role, role=role, group=group)
+                  for role in roles}
+        manifest = {}
+        if self.slot.rank == 0:
+            for role in roles:
+                manifest.update(folder_manifest(Path(folder) / role, relative_to=Path(folder)))
+        return states, manifest
+
+    def load_train_states(self, roles: Sequence[str], folder: str, saved: Mapping[str, Any]) -> None:
+        """Load each role's train engine from ``<folder>/<role>`` (written at any data-parallel size)."""
+        from .train_state import load_train_state
+
+        group = self.groups.get(pool_group(self.slot.pool))
+        for role in roles:
+            load_train_state(self._part(role, "train"), Path(folder) / role, saved[role], role=role, group=group)
 
     # -- engine access for the controller (validation, checkpoints; see remote_engines) ------------
     def _resolve(self, role: str, part: str, path: str) -> Any:
