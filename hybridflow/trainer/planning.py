@@ -52,6 +52,9 @@ def run_machine(trainer: "Trainer") -> Machine:
     """The devices of this run: this machine, or (executor='ray') the Ray cluster, started here if need be."""
     cfg = trainer.config
     if cfg.executor != "ray":
+        if cfg.ray_address:
+            raise ConfigError(f"ray_address={cfg.ray_address!r} is for executor='ray'; add executor=ray to run on that "
+                              "cluster, or drop ray_address to run here")
         return local_machine(cfg.cpu_slots)
     from ..compiler.machine import describe_nodes, ray_machine
     from ..runtime.ray.cluster import connect

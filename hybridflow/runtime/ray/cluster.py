@@ -10,8 +10,10 @@ a hang.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,9 +23,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ...compiler.plan import ExecutionPlan
 from ...errors import PlacementError
 
-__all__ = ["connect", "PoolReservation", "PoolLayout", "pool_groups", "reserve_pools", "release_pools", "free_port", "node_ip", "DeviceResource"]
+__all__ = ["connect", "PoolReservation", "PoolLayout", "pool_groups", "reserve_pools", "release_pools", "free_port", "node_ip", "replace_lost_nodes",
+           "DeviceResource"]
 
 DeviceResource = Literal["auto", "GPU", "CPU"]
+log = logging.getLogger("hybridflow.ray")
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
@@ -157,6 +161,39 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
             "cpus_per_worker, or compile for fewer devices (a plan bound earlier needs the same Ray nodes alive: "
             "bind it again)")
     return PoolReservation(groups, bundles)
+
+
+def replace_lost_nodes(plan: ExecutionPlan, *, timeout_s: float = 120.0, poll_s: float = 1.0) -> ExecutionPlan:
+    """``plan`` with each plan node whose Ray node is gone moved to a live Ray node the plan does not use yet.
+
+    For a restart after a lost node: the pools keep their shape, their bundles go to the replacement. Waits up
+    to ``timeout_s`` for enough nodes to (re)join (``ray start --address=...`` on a new machine); PlacementError
+    naming the lost nodes otherwise. Spare nodes with the most GPUs, then CPUs, are taken first.
+    """
+    if not plan.nodes:
+        return plan
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+        lost = [k for k, node_id in enumerate(plan.nodes) if node_id not in alive]
+        if not lost:
+            return plan
+        spare = sorted((node_id for node_id in alive if node_id not in plan.nodes),
+                       key=lambda i: (-alive[i]["Resources"].get("GPU", 0), -alive[i]["Resources"].get("CPU", 0), i))
+        if len(spare) >= len(lost):
+            nodes = list(plan.nodes)
+            for k, node_id in zip(lost, spare):
+                log.warning("plan node n%d: Ray node %s is gone; its slots move to Ray node %s at %s", k,
+                            plan.nodes[k][:8], node_id[:8], alive[node_id].get("NodeManagerAddress", "?"))
+                nodes[k] = node_id
+            return plan.model_copy(update={"nodes": tuple(nodes)})
+        if time.monotonic() >= deadline:
+            raise PlacementError(
+                f"plan node(s) {', '.join(f'n{k}' for k in lost)} ran on Ray node(s) "
+                f"{', '.join(plan.nodes[k][:8] for k in lost)}, which left the cluster, and {len(spare)} spare node(s) "
+                f"joined within {timeout_s:.0f} s (needed {len(lost)}). Start a node (ray start --address=HEAD:PORT) "
+                "and resume the run (resume='auto')")
+        time.sleep(poll_s)  # waiting for a node to join the cluster
 
 
 def release_pools(reservation: PoolReservation) -> None:

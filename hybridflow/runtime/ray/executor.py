@@ -42,7 +42,7 @@ from ..spans import SpanRecorder
 from ..dispatch import merge_results, split_for_ranks
 from ..topology import Slot, Topology
 from ..weight_sync import DEFAULT_BUCKET_BYTES
-from .cluster import DeviceResource, connect, release_pools, reserve_pools
+from .cluster import DeviceResource, connect, release_pools, replace_lost_nodes, reserve_pools
 from .remote_engines import RemoteWorker
 
 __all__ = ["RayExecutor"]
@@ -143,9 +143,11 @@ class RayExecutor(PlanExecutor):
         return self._actors[slot.name]
 
     def restart(self) -> None:
-        """Kill every slot and start a fresh worker group (engines rebuilt from the specs)."""
+        """Kill every slot and start a fresh worker group (engines rebuilt from the specs); the slots of a plan node
+        whose Ray node left the cluster go to a node that replaced it (:func:`.cluster.replace_lost_nodes`)."""
         self._ahead = None
         self._stop_workers()
+        self.plan = replace_lost_nodes(self.plan, timeout_s=self._options["setup_timeout_s"])
         self._start_workers()
 
     def _stop_workers(self) -> None:
