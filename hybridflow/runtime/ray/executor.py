@@ -28,12 +28,14 @@ STYLE.md, principle 3), distributed:
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Mapping
 
 import ray
 
 from ...compiler.plan import ExecutionPlan
-from ...errors import ExecutionError, HybridflowError, WorkerLostError
+from ...errors import ExecutionError, HybridflowError, PlacementError, WorkerLostError
 from ..interpreter import PlanExecutor
 from ..node_calls import WorkerCall
 from ..roles import RoleSpec
@@ -46,6 +48,11 @@ from .cluster import DeviceResource, connect, release_pools, replace_lost_nodes,
 from .remote_engines import RemoteWorker
 
 __all__ = ["RayExecutor"]
+
+log = logging.getLogger("hybridflow.ray")
+
+RESERVE_RETRY_S = 5.0
+"""A restart's reservation attempts last this long each, until the plan's lost Ray nodes are replaced."""
 
 _RemoteSlot = ray.remote(SlotWorker)
 
@@ -95,9 +102,10 @@ class RayExecutor(PlanExecutor):
         self._start_workers()
 
     # -- worker group ------------------------------------------------------------------------
-    def _start_workers(self) -> None:
+    def _start_workers(self, reserve_timeout_s: float = 120.0) -> None:
         o = self._options
-        self._reservation = reserve_pools(self.plan, resource=o["device_resource"], cpus_per_worker=o["cpus_per_worker"])
+        self._reservation = reserve_pools(self.plan, resource=o["device_resource"], cpus_per_worker=o["cpus_per_worker"],
+                                          timeout_s=reserve_timeout_s)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         for slot in self.topology.slots:
@@ -147,8 +155,18 @@ class RayExecutor(PlanExecutor):
         whose Ray node left the cluster go to a node that replaced it (:func:`.cluster.replace_lost_nodes`)."""
         self._ahead = None
         self._stop_workers()
-        self.plan = replace_lost_nodes(self.plan, timeout_s=self._options["setup_timeout_s"])
-        self._start_workers()
+        deadline = time.monotonic() + self._options["setup_timeout_s"]
+        while True:
+            self.plan = replace_lost_nodes(self.plan, timeout_s=max(0.0, deadline - time.monotonic()))
+            try:
+                self._start_workers(reserve_timeout_s=max(1.0, min(RESERVE_RETRY_S, deadline - time.monotonic())))
+                return
+            except PlacementError as err:
+                # a node killed a moment ago is still alive to Ray until its health checks fail (~15-30 s):
+                # its bundles cannot be placed; try again once Ray has marked it dead
+                if not self.plan.nodes or time.monotonic() >= deadline:
+                    raise
+                log.warning("restart: %s; trying again (a lost node may not be marked dead yet)", err)
 
     def _stop_workers(self) -> None:
         for handle in self._actors.values():
