@@ -1,12 +1,15 @@
 """Ray start-up and the device slots' reservations: one placement group per pool.
 
 :func:`connect` joins the Ray instance the process already has, a cluster at
-``address`` (``"auto"`` or ``"ray://host:port"``), or starts a local one.
+``address`` (``"auto"``, ``"host:port"`` or ``"ray://host:port"``), or starts a local one.
 :func:`reserve_pools` reserves one bundle per device of each pool — ``{"CPU":
 c, "GPU": 1}`` on GPU clusters (or when tests give Ray virtual GPUs),
-``{"CPU": c}`` otherwise — and waits until Ray can place every group, so a
+``{"CPU": c}`` otherwise — each pinned to the Ray node its plan node is bound
+to (:func:`pool_groups`), and waits until Ray can place every group, so a
 cluster too small for the plan is a PlacementError naming the pool rather than
-a hang.
+a hang. :func:`replace_lost_nodes` moves a plan node whose Ray node left the
+cluster to one that joined (a restart after a lost machine); :func:`free_port`
+and :func:`node_ip` give the rank-0 slot its rendezvous address.
 """
 from __future__ import annotations
 

@@ -168,13 +168,20 @@ class RayExecutor(PlanExecutor):
                     raise
                 log.warning("restart: %s; trying again (a lost node may not be marked dead yet)", err)
 
-    def _stop_workers(self) -> None:
-        for handle in self._actors.values():
+    def _stop_workers(self, exit_timeout_s: float = 30.0) -> None:
+        """Kill the slots, wait until Ray reports them gone (a call on each fails), then remove the pools' groups.
+
+        Removing a group while a killed slot's process is still exiting has left its bundles' resources held
+        on multi-raylet clusters, so that the next reservation on that node never fitted."""
+        handles = list(self._actors.values())
+        for handle in handles:
             try:
                 ray.kill(handle, no_restart=True)
             except Exception:  # already dead
                 pass
         self._actors.clear()
+        if handles and ray.is_initialized():
+            ray.wait([h.ping.remote() for h in handles], num_returns=len(handles), timeout=exit_timeout_s)
         if self._reservation is not None:
             release_pools(self._reservation)
             self._reservation = None

@@ -156,7 +156,8 @@ def test_a_lost_node_is_named_and_the_run_resumes_from_its_checkpoint(cluster, t
     try:
         expected = reference.train()
     finally:
-        reference.executor.shutdown()
+        if reference.executor is not None:
+            reference.executor.shutdown()
 
     trainer = GRPOTrainer(config=_config(cluster, tmp_path / "killed", max_restarts=1, **settings))
     killer = KillNodeInStep(cluster, trainer, step=2)
@@ -175,7 +176,8 @@ def test_a_lost_node_is_named_and_the_run_resumes_from_its_checkpoint(cluster, t
         got = trainer.train()
         moved_to = trainer.executor.plan.nodes[1]
     finally:
-        trainer.executor.shutdown()
+        if trainer.executor is not None:
+            trainer.executor.shutdown()
     (err, detected_at), = errors
     TIMINGS["lost node detected"] = detected_at - killer.killed_at
     message = str(err)
