@@ -51,6 +51,22 @@ __all__ = ["RayExecutor"]
 
 log = logging.getLogger("hybridflow.ray")
 
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""gloo / NCCL messages of a collective whose peer process went away."""
+PEER_WAIT_S = 30.0
+"""How long a slot's lost-peer error waits for Ray to report which slot died."""
+
+
+def _is_dead(ref) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayActorError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
 RESERVE_RETRY_S = 5.0
 """A restart's reservation attempts last this long each, until the plan's lost Ray nodes are replaced."""
 
@@ -247,7 +263,11 @@ class RayExecutor(PlanExecutor):
     # -- faults ----------------------------------------------------------------------------------------
     def _failure(self, what: str, slot: Slot, err: Exception) -> Exception:
         """The project error for a slot's failure: WorkerLostError when a slot of the op's pools died."""
-        dead = self._dead_slots({slot.pool})
+        cause_text = str(getattr(err, "cause", None) or err)
+        # a collective that broke because a peer went away: give Ray time to learn which one (a lost node's
+        # processes are known dead a little after its peers see their connections close)
+        lost_peer = not isinstance(err, ray.exceptions.RayActorError) and any(m in cause_text for m in LOST_PEER)
+        dead = self._dead_slots({slot.pool}, timeout_s=PEER_WAIT_S if lost_peer else 5.0)
         if isinstance(err, ray.exceptions.RayActorError) and slot not in dead:
             dead.insert(0, slot)
         cause = getattr(err, "cause", None) or err
@@ -268,10 +288,16 @@ class RayExecutor(PlanExecutor):
         return f"Ray node {info.get('node_id', '?')[:8]} at {info.get('node_ip', '?')}"
 
     def _dead_slots(self, pools: set[str], timeout_s: float = 5.0) -> list[Slot]:
-        """The slots of ``pools`` whose process is gone (a busy slot's ping just waits: it is alive)."""
+        """The slots of ``pools`` whose process is gone (a busy slot's ping just waits: it is alive); waits up to
+        ``timeout_s``, less once a dead one is found."""
         slots = [s for s in self.topology.slots if s.pool in pools and s.name in self._actors]
         pings = {s.name: self.actor(s).ping.remote() for s in slots}
-        ray.wait(list(pings.values()), num_returns=len(pings), timeout=timeout_s)
+        deadline, pending = time.monotonic() + timeout_s, list(pings.values())
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if any(_is_dead(r) for r in ready):
+                ray.wait(pending, num_returns=len(pending), timeout=1.0)  # its peers on the same node die with it
+                break
         dead = []
         for s in slots:
             ready, _ = ray.wait([pings[s.name]], timeout=0)
