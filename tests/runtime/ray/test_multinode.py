@@ -150,7 +150,18 @@ class KillNodeInStep:
         pass
 
 
+def _wait_until_free(timeout_s: float = 240.0) -> None:
+    """Wait until the earlier runs' reservations are returned (Ray frees a removed group's bundles only after
+    its killed processes are gone, which on this loaded machine has taken minutes)."""
+    deadline = time.monotonic() + timeout_s
+    total = ray.cluster_resources().get("CPU", 0)
+    while ray.available_resources().get("CPU", 0) < total:
+        assert time.monotonic() < deadline, f"Ray still holds CPUs of earlier runs: {ray.available_resources()}"
+        time.sleep(1.0)  # polling Ray's resource view
+
+
 def test_a_lost_node_is_named_and_the_run_resumes_from_its_checkpoint(cluster, tmp_path):
+    _wait_until_free()
     settings = dict(placement="actor@2;actor.generate@1", max_steps=4, n_samples=2, kl_coef=0.0, rollout_batch_size=2)
     reference = GRPOTrainer(config=_config(cluster, tmp_path / "uninterrupted", **settings))
     try:
