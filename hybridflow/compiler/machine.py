@@ -7,14 +7,16 @@ The compiler places roles on abstract device slots (``n0.d3``: node 0, device
   one, ``cpu_slots`` CPU slots (each slot a share of the cores: on Ray one
   process per slot with ``threads_per_slot`` torch threads; the LocalExecutor
   runs every slot in its own process, one after another);
-* :func:`ray_machine` describes the Ray cluster this process is connected to;
+* :func:`ray_machine` describes the Ray cluster this process is connected to: its GPU nodes, or CPU slots
+  spread over as many of its nodes as they need (:func:`cpu_nodes_machine`), each Ray node used a plan node;
 * :meth:`Machine.cluster` is the ClusterSpec the compiler plans for (one node
   of ``slots`` devices; a CPU slot gets its share of the cores and memory);
 * :func:`bind` maps the plan's slots to the machine's devices — ``n0.dK`` to
   ``cuda:K`` or to CPU slot K, a device map's ``cuda:N`` / ``cpu`` to itself —
   and says which pool needs what the machine lacks (:class:`BindError`); on
   Ray it also records which Ray node each plan node ``nK`` is
-  (``plan.nodes``), and the executor reserves each pool's bundles there.
+  (``plan.nodes``: Ray node ids; :func:`describe_nodes` says it in words), and
+  the executor reserves each slot's bundle on its plan node's Ray node.
 
 Executors accept only bound plans (``plan.machine`` is set). A bound pool keeps
 the compiled slot names in :attr:`~.plan.PoolPlan.slots`, for drawings and errors.
@@ -33,7 +35,8 @@ from .plan import ExecutionPlan, verify_plan
 RUNTIME_TRAIN_ENGINES = ("fsdp",)
 """Training engines hybridflow's runtime executes (the others exist in the cost model only)."""
 
-__all__ = ["Machine", "BindError", "RUNTIME_TRAIN_ENGINES", "local_machine", "ray_machine", "default_cpu_slots", "bind", "compile_for", "plan_node"]
+__all__ = ["Machine", "BindError", "RUNTIME_TRAIN_ENGINES", "local_machine", "ray_machine", "cpu_nodes_machine", "RayNode",
+           "describe_nodes", "default_cpu_slots", "bind", "compile_for", "plan_node"]
 
 _SLOT = re.compile(r"^n(\d+)\.d(\d+)$")
 _CUDA = re.compile(r"^cuda:(\d+)$")
@@ -52,7 +55,9 @@ class Machine:
     where: Literal["local", "ray"] = "local"
     gpu_name: str = ""
     node_addresses: tuple[str, ...] = ()
-    """On Ray: the address of the Ray node that plan node ``nK`` binds to, for each K (empty: any node)."""
+    """On Ray: the IP address of the Ray node that plan node ``nK`` binds to, for each K (empty: any node)."""
+    node_ids: tuple[str, ...] = ()
+    """On Ray: the id of the Ray node that plan node ``nK`` binds to (several raylets may share one address)."""
 
     def device(self, node: int, index: int) -> str:
         """The torch device of slot ``index`` of node ``node`` (``cuda:K`` or ``cpu``)."""
@@ -133,22 +138,74 @@ def local_machine(cpu_slots: int | None = None, *, where: Literal["local", "ray"
 
 
 def ray_machine(cpu_slots: int | None = None) -> Machine:
-    """The connected Ray cluster: its GPUs (per node of the GPU nodes), else ``cpu_slots`` CPU slots (default: up to
-    4) sharing its CPUs but one."""
+    """The connected Ray cluster: its GPUs (per node of the GPU nodes), else CPU slots on as many of its nodes as
+    they need (:func:`cpu_nodes_machine`)."""
     import ray
 
-    alive = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n.get("NodeManagerAddress", ""))
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    alive.sort(key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"]))
     gpu_nodes = [n for n in alive if n["Resources"].get("GPU", 0) >= 1]
     if gpu_nodes:
         return Machine("cuda", min(int(n["Resources"]["GPU"]) for n in gpu_nodes), nodes=len(gpu_nodes), where="ray",
-                       node_addresses=tuple(n["NodeManagerAddress"] for n in gpu_nodes))
-    # CPU clusters: the slots of one node, the one with the most CPUs
-    node = max(alive, key=lambda n: n["Resources"].get("CPU", 0))
-    cpus = int(node["Resources"].get("CPU", 1))
-    slots = cpu_slots or max(1, min(4, cpus - 1))
-    # one CPU is left for the host pools of rule rewards and costs (half a CPU each)
-    return Machine("cpu", slots, threads_per_slot=max(1, (cpus - 1) // slots), where="ray",
-                   node_addresses=(node["NodeManagerAddress"],))
+                       node_addresses=tuple(n["NodeManagerAddress"] for n in gpu_nodes),
+                       node_ids=tuple(n["NodeID"] for n in gpu_nodes))
+    return cpu_nodes_machine([RayNode(n["NodeID"], n.get("NodeManagerAddress", ""), int(n["Resources"].get("CPU", 0)),
+                                      "node:__internal_head__" in n["Resources"]) for n in alive], cpu_slots)
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """What :func:`cpu_nodes_machine` needs to know of one Ray node."""
+
+    node_id: str
+    address: str
+    cpus: int
+    head: bool = False
+
+
+HOST_CPUS = 1
+"""CPUs of a CPU cluster left to the host pools (rule rewards and costs, half a CPU each)."""
+
+
+def cpu_nodes_machine(nodes: list[RayNode], cpu_slots: int | None = None) -> Machine:
+    """CPU slots on the fewest Ray nodes that hold them: each node used is a plan node ``nK`` with ``s`` slots.
+
+    ``cpu_slots`` (default: up to 4, at most the cluster's CPUs but :data:`HOST_CPUS`) slots are wanted. With
+    ``k`` nodes each gets ``s = ceil(slots / k)`` (so the total is rounded up to a multiple of ``k``); the first
+    ``k`` (1, 2, ...) for which the ``k`` largest nodes each have ``s`` CPUs and the cluster still has
+    :data:`HOST_CPUS` spare is used. Ties prefer worker nodes to the head (the driver's node). A slot gets
+    ``threads_per_slot`` CPUs (the smallest node used decides). A cluster that holds the slots nowhere gets them
+    on every node anyway, and the reservation says what is missing.
+    """
+    usable = sorted((n for n in nodes if n.cpus >= 1), key=lambda n: (-n.cpus, n.head, n.address, n.node_id))
+    if not usable:
+        raise PlacementError("the Ray cluster has no node with a CPU; start its nodes with --num-cpus >= 1")
+    total = sum(n.cpus for n in usable)
+    wanted = cpu_slots or max(1, min(4, total - HOST_CPUS))
+    for k in range(1, len(usable) + 1):
+        per_node = -(-wanted // k)
+        chosen = usable[:k]
+        if all(n.cpus >= per_node for n in chosen) and total - k * per_node >= HOST_CPUS:
+            break
+    else:
+        k, per_node, chosen = len(usable), -(-wanted // len(usable)), usable
+    if k == 1:  # as on one machine: the node's CPUs but the host pools' share
+        threads = max(1, (chosen[0].cpus - HOST_CPUS) // per_node)
+    else:
+        threads = max(1, min(n.cpus // per_node for n in chosen))
+        while threads > 1 and total - k * per_node * threads < HOST_CPUS:
+            threads -= 1
+    return Machine("cpu", per_node, nodes=k, threads_per_slot=threads, where="ray",
+                   node_addresses=tuple(n.address for n in chosen), node_ids=tuple(n.node_id for n in chosen))
+
+
+def describe_nodes(machine: Machine) -> str:
+    """Which Ray node each plan node is: ``n0 -> Ray node 4ecf536e at 10.0.0.2, n1 -> ...`` (or 'any node')."""
+    if not machine.node_ids and not machine.node_addresses:
+        return "plan nodes on any Ray node"
+    ids = machine.node_ids or ("",) * len(machine.node_addresses)
+    addresses = machine.node_addresses or ("?",) * len(ids)
+    return ", ".join(f"n{k} -> Ray node {node_id[:8]} at {address}" for k, (node_id, address) in enumerate(zip(ids, addresses)))
 
 
 def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
@@ -182,7 +239,7 @@ def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
                         + ". Compile for this machine (hybridflow compile --cluster local, or placement=... in the "
                         "config) or run it where those devices exist")
     bound = plan.model_copy(update={"pools": tuple(pools), "machine": machine.describe(),
-                                    "nodes": machine.node_addresses})
+                                    "nodes": machine.node_ids})
     verify_plan(bound, after="bind")
     return bound
 

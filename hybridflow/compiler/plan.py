@@ -110,7 +110,7 @@ class ExecutionPlan(_Frozen):
     staleness: int = Field(0, ge=0, description="Generation may run this many iterations ahead of training.")
     predicted_iteration_s: float | None = Field(None, description="Predicted time of one iteration, seconds.")
     machine: str | None = Field(None, description="The machine the plan is bound to (hybridflow.compiler.bind); None: compiled, not bound. Executors run only bound plans.")
-    nodes: tuple[str, ...] = Field((), description="Bound to a Ray cluster: the address of the Ray node that plan node nK runs on, for each K (empty: Ray chooses).")
+    nodes: tuple[str, ...] = Field((), description="Bound to a Ray cluster: the id of the Ray node that plan node nK runs on, for each K (empty: Ray chooses).")
 
     # -- access ---------------------------------------------------------------
     def graph_ir(self):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -73,12 +74,25 @@ class SlotWorker:
             torch.cuda.set_device(0)
         return self.device
 
+    def rendezvous(self) -> str:
+        """Where the world meets (asked of the global rank-0 slot): ``tcp://<this node's IP>:<a port free here>``.
+
+        The rank-0 process hosts the rendezvous store on that port, so every slot, on any node, can reach it.
+        """
+        from .ray.cluster import free_port, node_ip
+
+        ip = node_ip()
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"tcp://{host}:{free_port(ip)}"
+
     def setup(self, init_method: str, world_size: int, groups: Mapping[str, tuple[Sequence[int], str]]) -> dict:
         """Join the world, create the groups (name -> (global ranks, backend)), build the engines.
 
-        Returns this process's pid, host, device and Ray GPU ids.
+        The world's default backend is gloo on CPU slots and gloo (CPU tensors) + NCCL (CUDA tensors) on CUDA
+        slots. Returns this process's pid, host, node (IP and Ray id), device and Ray GPU ids.
         """
-        dist.init_process_group("gloo", init_method=init_method, rank=self.slot.global_rank, world_size=world_size,
+        backend = "cpu:gloo,cuda:nccl" if self.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=self.slot.global_rank, world_size=world_size,
                                 timeout=self.timeout)
         for name, (ranks, backend) in groups.items():  # every process creates every group, in the same order
             group = dist.new_group(list(ranks), timeout=self.timeout, backend=backend)
@@ -96,7 +110,9 @@ class SlotWorker:
         self.worker = RoleWorker.from_engines(self.device, engines)
         import ray
 
-        return {"pid": os.getpid(), "host": os.uname().nodename, "device": self.device,
+        context = ray.get_runtime_context()
+        return {"pid": os.getpid(), "host": os.uname().nodename, "node_ip": ray.util.get_node_ip_address(),
+                "node_id": context.get_node_id(), "device": self.device,
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "cpus": sorted(os.sched_getaffinity(0))}
 
     def setup_local(self, device: str, mailbox: dict[str, list]) -> None:
@@ -178,6 +194,32 @@ class SlotWorker:
         start = time.time()
         self.worker.onload(role, items)
         return None, (start, time.time())
+
+    # -- checkpoints: this slot's shard of its train engines (see train_state) ----------------------
+    def save_train_states(self, roles: Sequence[str], folder: str) -> tuple[dict[str, Any], dict[str, dict]]:
+        """Write this slot's shard of each role's train engine to ``<folder>/<role>`` (with the pool's other slots).
+
+        Returns the roles' JSON state and, from the pool's rank 0 (after DCP's last step: every rank's file is
+        written), the manifest entries of those folders (paths relative to ``folder``)."""
+        from .dcp_files import folder_manifest
+        from .train_state import save_train_state
+
+        group = self.groups.get(pool_group(self.slot.pool))
+        states = {role: save_train_state(self._part(role, "train"), Path(folder) / role, role=role, group=group)
+                  for role in roles}
+        manifest = {}
+        if self.slot.rank == 0:
+            for role in roles:
+                manifest.update(folder_manifest(Path(folder) / role, relative_to=Path(folder)))
+        return states, manifest
+
+    def load_train_states(self, roles: Sequence[str], folder: str, saved: Mapping[str, Any]) -> None:
+        """Load each role's train engine from ``<folder>/<role>`` (written at any data-parallel size)."""
+        from .train_state import load_train_state
+
+        group = self.groups.get(pool_group(self.slot.pool))
+        for role in roles:
+            load_train_state(self._part(role, "train"), Path(folder) / role, saved[role], role=role, group=group)
 
     # -- engine access for the controller (validation, checkpoints; see remote_engines) ------------
     def _resolve(self, role: str, part: str, path: str) -> Any:

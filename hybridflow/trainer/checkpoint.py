@@ -2,32 +2,35 @@
 
 Layout of one checkpoint (``<output_dir>/checkpoints/step_00000003/``)::
 
-    tensors/              torch.distributed.checkpoint (DCP) folder: every tensor of the run state,
-                          keyed "<role>/model/<param>" and "<role>/optim/<param index>/<name>"
+    tensors/<role>/       one torch.distributed.checkpoint (DCP) folder per trained role, written by the
+                          worker processes that hold its state, each its own shard, in the pool's process
+                          group (:mod:`hybridflow.runtime.train_state`): keys "model/<param>" and
+                          "optim/<param>/<name>"; read back at any data-parallel size (DCP reshards)
     hf/<role>/            the policy's transformers config, generation config and tokenizer (no weights),
                           so that `hybridflow export` can rebuild a model folder
     trainer_state.json    step, RNG states, data position, config and its hash, optimizer param groups,
                           LR schedules, the algorithm's run state (``algorithm_state``, e.g. a Lagrange
                           multiplier), and a manifest (size and sha256 of every other file)
 
-A checkpoint is written into ``.tmp-step_...`` next to the others and renamed into place when
-complete, so a crash mid-write leaves no folder that looks finished; only the newest
+The controller (the driver) writes only trainer_state.json and hf/: it never holds model or optimizer
+state. A checkpoint is written into ``.tmp-step_...`` next to the others (the workers write their
+shards there too, so the path must be one every node and the driver see: a local path on one host,
+a shared file system across machines) and renamed into place when complete, after every shard is
+written and hashed, so a crash mid-write leaves no folder that looks finished; only the newest
 ``keep`` are kept, and one being replaced or pruned is first renamed to a ``.tmp-`` name, so
 it too is complete or absent. A run removes the ``.tmp-*`` folders it finds on start
 (:func:`~hybridflow.trainer.run_lock.remove_stale_temp`, under the output folder's lock). Loading checks the manifest first, reads DCP's metadata with an
-unpickler that accepts only DCP's own metadata records (:class:`_MetadataUnpickler`), and
+unpickler that accepts only DCP's own metadata records (:mod:`hybridflow.runtime.dcp_files`), and
 reads tensors with ``torch.load(weights_only=True)`` (DCP's reader); a checkpoint that
-holds anything but tensors is refused. DCP runs without a process group on one process
-(``no_dist``); with one, the same calls write and read sharded state.
+holds anything but tensors is refused. :func:`read_checkpoint` reads tensors on this process without a
+process group (``no_dist``; ``hybridflow export``); tensors given to :func:`save_checkpoint` itself
+are written the same way (format 1's single ``tensors/`` folder).
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import logging
 import os
-import pickle
 import re
 import shutil
 import time
@@ -39,6 +42,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..errors import CheckpointError
+from ..runtime.dcp_files import dcp_exception, file_sha256, safe_reader, unwrap_dcp_error
 
 __all__ = ["CHECKPOINTS", "STATE_FILE", "LoadedCheckpoint", "save_checkpoint", "list_checkpoints", "read_checkpoint",
            "newest_checkpoint", "resolve_checkpoint"]
@@ -49,7 +53,12 @@ CHECKPOINTS = "checkpoints"
 """Sub-folder of the output dir that holds the checkpoints."""
 STATE_FILE = "trainer_state.json"
 TENSORS = "tensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the trained roles' tensors in ``tensors/<role>/`` (one DCP folder each, written by the workers holding
+them; optimizer state keyed by parameter name). 1: one DCP folder ``tensors/`` written by the controller
+(still read, e.g. by ``hybridflow export``)."""
+READABLE_VERSIONS = (1, 2)
+ShardWriter = Callable[[Path], "tuple[dict[str, Any], dict[str, dict]]"]
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -66,11 +75,15 @@ class LoadedCheckpoint:
 # -- writing --------------------------------------------------------------------------------
 
 def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch.Tensor], state: dict[str, Any], *,
-                    keep: int, write_extra: Callable[[Path], None] | None = None) -> Path:
+                    keep: int, write_extra: Callable[[Path], None] | None = None,
+                    write_shards: ShardWriter | None = None) -> Path:
     """Write ``<root>/step_<step>`` atomically (temp folder, then rename); keep the newest ``keep``.
 
-    ``tensors`` go to DCP, ``state`` (JSON-ready) to trainer_state.json, ``write_extra(folder)`` may
-    add files (they enter the manifest). Returns the checkpoint folder.
+    ``tensors`` (written here) go to DCP, ``state`` (JSON-ready) to trainer_state.json, ``write_extra(folder)``
+    may add files (they enter the manifest). ``write_shards(tensors_folder)`` has the workers write their
+    shards (``tensors/<role>/``, one DCP folder per role) and returns JSON to add to the state and the
+    manifest entries of the files they wrote (hashed where they were written, not re-read here).
+    Returns the checkpoint folder.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -79,11 +92,17 @@ def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _dcp_save(tensors, tmp / TENSORS)
+        written: dict[str, dict] = {}
+        if tensors:
+            _dcp_save(tensors, tmp / TENSORS)
+        if write_shards is not None:
+            more, entries = write_shards(tmp / TENSORS)
+            state = {**state, **more}
+            written = {f"{TENSORS}/{rel}": entry for rel, entry in entries.items()}
         if write_extra is not None:
             write_extra(tmp)
         document = {"format_version": FORMAT_VERSION, "step": step, "saved_at": time.time(), **state,
-                    "manifest": _manifest(tmp)}
+                    "manifest": _manifest(tmp, known=written)}
         _write_json(tmp / STATE_FILE, document)
         final = root / name
         if final.exists():  # the same step saved again (a resumed run redoing it): move the old one aside first
@@ -115,23 +134,8 @@ def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
             dcp.save({k: v.detach() for k, v in tensors.items()}, storage_writer=dcp.FileSystemWriter(str(folder)))
-        except _dcp_exception() as err:
-            raise _unwrap(err, f"{folder}: writing the tensors failed") from None
-
-
-def _dcp_exception() -> type[BaseException]:
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return CheckpointException
-
-
-def _unwrap(err: BaseException, what: str) -> BaseException:
-    """DCP wraps every failure (Ctrl-C included) in a CheckpointException: a KeyboardInterrupt stays one, the rest become CheckpointError."""
-    failures = [failure[0] if isinstance(failure, tuple) else failure for failure in getattr(err, "failures", {}).values()]
-    if any(isinstance(f, KeyboardInterrupt) for f in failures):
-        return KeyboardInterrupt()
-    cause = failures[0] if failures else err
-    return CheckpointError(f"{what} ({type(cause).__name__}: {cause})")
+        except dcp_exception() as err:
+            raise unwrap_dcp_error(err, f"{folder}: writing the tensors failed") from None
 
 
 def _write_json(path: Path, document: dict) -> None:
@@ -158,16 +162,18 @@ def _files(folder: Path) -> Iterable[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != STATE_FILE)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+_sha256 = file_sha256
 
 
-def _manifest(folder: Path) -> dict[str, dict]:
-    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(folder)}
+def _manifest(folder: Path, known: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Size and sha256 of every file of a checkpoint; ``known`` entries (the workers' shards) are taken as given."""
+    known = known or {}
+    missing = [rel for rel in known if not (folder / rel).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder}: the workers reported files that are not there ({missing[:3]}); is the "
+                              "checkpoint folder on a path every node and the driver share?")
+    return {rel: known.get(rel) or {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in _files(folder) for rel in (p.relative_to(folder).as_posix(),)}
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -200,7 +206,7 @@ def read_checkpoint(path: str | os.PathLike, *, prefixes: tuple[str, ...] | None
         state = json.loads(state_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{state_path} is unreadable ({err}); the checkpoint is corrupt") from None
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+    if not isinstance(state, dict) or state.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{state_path}: unknown checkpoint format {state.get('format_version') if isinstance(state, dict) else state!r}")
     _verify_manifest(path, state.get("manifest") or {})
     tensors = _dcp_load(path / TENSORS, prefixes)
@@ -248,66 +254,22 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
                           "checkpoints; give a run's output_dir or one of its checkpoints/step_* folders")
 
 
-# -- DCP reading without unpickling arbitrary objects -----------------------------------------
-
-def _allowed_globals() -> dict[tuple[str, str], Any]:
-    from torch.distributed.checkpoint import filesystem, metadata
-
-    allowed: dict[tuple[str, str], Any] = {}
-    for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                 "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"):
-        if hasattr(metadata, name):
-            allowed[(metadata.__name__, name)] = getattr(metadata, name)
-    allowed[(filesystem.__name__, "_StorageInfo")] = filesystem._StorageInfo
-    allowed[("torch", "Size")] = torch.Size
-    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
-    allowed[("collections", "OrderedDict")] = __import__("collections").OrderedDict
-    for cls in (Path, type(Path("x")), __import__("pathlib").PurePosixPath):
-        allowed[(cls.__module__, cls.__name__)] = cls
-    for name in dir(torch):
-        if isinstance(getattr(torch, name, None), torch.dtype):
-            allowed[("torch", name)] = getattr(torch, name)
-    return allowed
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Reads DCP's ``.metadata``: builds only DCP's metadata records, torch sizes, dtypes, layouts and paths."""
-
-    _allowed: dict[tuple[str, str], Any] | None = None
-
-    def find_class(self, module: str, name: str):
-        if _MetadataUnpickler._allowed is None:
-            _MetadataUnpickler._allowed = _allowed_globals()
-        try:
-            return self._allowed[(module, name)]
-        except KeyError:
-            raise CheckpointError(f"checkpoint metadata refers to {module}.{name}, which is not a DCP metadata "
-                                  "record; refusing to unpickle it") from None
-
-
-def _safe_reader(folder: Path):
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class SafeFileSystemReader(FileSystemReader):
-        """DCP's file reader with the metadata read by :class:`_MetadataUnpickler` (tensors are weights_only)."""
-
-        def read_metadata(self, *args, **kwargs):
-            with open(Path(self.path) / ".metadata", "rb") as f:
-                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return SafeFileSystemReader(str(folder))
-
-
 def _dcp_load(folder: Path, prefixes: tuple[str, ...] | None) -> dict[str, torch.Tensor]:
+    """The tensors under ``tensors/`` whose keys start with ``prefixes``: one DCP folder (format 1), or one per
+    role (format 2: key ``<role>/<key in the role's folder>``), read whole on this process."""
+    if (folder / ".metadata").is_file() or not folder.is_dir():
+        return _dcp_load_folder(folder, prefixes, "")
+    out: dict[str, torch.Tensor] = {}
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        out.update(_dcp_load_folder(sub, prefixes, f"{sub.name}/"))
+    return out
+
+
+def _dcp_load_folder(folder: Path, prefixes: tuple[str, ...] | None, key_prefix: str) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = _safe_reader(folder)
+    reader = safe_reader(folder)
     try:
         metadata = reader.read_metadata()
     except CheckpointError:
@@ -318,7 +280,7 @@ def _dcp_load(folder: Path, prefixes: tuple[str, ...] | None) -> dict[str, torch
     for key, entry in metadata.state_dict_metadata.items():
         if not isinstance(entry, TensorStorageMetadata):
             raise CheckpointError(f"{folder}: entry {key!r} is not a tensor; hybridflow checkpoints hold tensors only")
-        if prefixes is None or key.startswith(prefixes):
+        if prefixes is None or (key_prefix + key).startswith(prefixes):
             target[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
     if not target:
         return {}
@@ -326,8 +288,8 @@ def _dcp_load(folder: Path, prefixes: tuple[str, ...] | None) -> dict[str, torch
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(target, storage_reader=reader, no_dist=True)
-    except _dcp_exception() as err:
-        raise _unwrap(err, f"{folder}: tensors unreadable") from None
+    except dcp_exception() as err:
+        raise unwrap_dcp_error(err, f"{folder}: tensors unreadable") from None
     except Exception as err:
         raise CheckpointError(f"{folder}: tensors unreadable ({type(err).__name__}: {err})") from None
-    return target
+    return {key_prefix + key: tensor for key, tensor in target.items()}

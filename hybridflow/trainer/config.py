@@ -128,6 +128,7 @@ class PPOConfig(BaseModel):
     device_map: dict[str, str] = Field(default_factory=dict, description="Role -> device ('cpu', 'cuda:N'); roles not named go to cuda:0 when a GPU is present, else cpu. Alias 'rm' = reward.")
     executor: Literal["local", "ray"] = Field("local", description="Run on this machine (local) or on a Ray cluster (ray).")
     placement: str = Field("auto", description="How the compiler places the roles on the run's devices: auto (its search), colocate, split, standalone, a pool spec 'actor+ref@1;critic@1' (ROLE.generate@N: a rollout pool of its own), or a device map 'actor=cuda:0,critic=cuda:1' (device_map does the same as a dict). The plan that runs is written to output_dir/plan.json.")
+    ray_address: str | None = Field(None, description="executor='ray': the Ray cluster to join, 'auto' (the one `ray start` set up on this machine) or 'HOST:PORT' (its head's GCS address; 'ray://HOST:10001' for Ray Client); None: start a Ray instance on this machine for the run.")
     staleness: int = Field(0, ge=0, le=1, description="0: on-policy. 1: generation of step i+1 overlaps training of step i on a rollout pool of its own (executor='ray'); the rollout trained on is one update old.")
     plan: str | None = Field(None, description="A plan file from 'hybridflow compile' (or a run's plan.json) to run exactly, instead of compiling one: its graph must be the one this config builds, and this machine must have its devices.")
     calibrate: bool = Field(True, description="Profile the run's models on this machine before compiling (a few seconds, cached under ~/.cache/hybridflow or HYBRIDFLOW_CACHE), so the plan's predicted times are this machine's; False: datasheet figures.")
@@ -262,7 +263,7 @@ RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
     "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
-    "imports",
+    "imports", "ray_address",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

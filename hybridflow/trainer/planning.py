@@ -52,15 +52,23 @@ def run_machine(trainer: "Trainer") -> Machine:
     """The devices of this run: this machine, or (executor='ray') the Ray cluster, started here if need be."""
     cfg = trainer.config
     if cfg.executor != "ray":
+        if cfg.ray_address:
+            raise ConfigError(f"ray_address={cfg.ray_address!r} is for executor='ray'; add executor=ray to run on that "
+                              "cluster, or drop ray_address to run here")
         return local_machine(cfg.cpu_slots)
-    from ..compiler.machine import ray_machine
+    from ..compiler.machine import describe_nodes, ray_machine
     from ..runtime.ray.cluster import connect
 
-    local = local_machine(cfg.cpu_slots, where="ray")
-    # a local Ray gets a CPU for each slot plus one for the controller-side pools (rule rewards)
-    cpus = local.slots * (local.threads_per_slot or 1) + 1 if local.kind == "cpu" else None
-    connect(None, num_cpus=cpus)
-    return ray_machine(cfg.cpu_slots)
+    if cfg.ray_address:
+        connect(cfg.ray_address)  # an existing cluster: its nodes are the machine
+    else:
+        local = local_machine(cfg.cpu_slots, where="ray")
+        # a local Ray gets a CPU for each slot plus one for the controller-side pools (rule rewards)
+        cpus = local.slots * (local.threads_per_slot or 1) + 1 if local.kind == "cpu" else None
+        connect(None, num_cpus=cpus)
+    machine = ray_machine(cfg.cpu_slots)
+    log.info("Ray cluster: %s; %s", machine.describe(), describe_nodes(machine))
+    return machine
 
 
 def _spec(source, role: str) -> ModelSpec | str:

@@ -1,5 +1,9 @@
 """Saving a trainer's run state as a checkpoint, and picking a run up from one (``resume``).
 
+The model and optimizer state is written and read by the workers that hold it, each its own shard
+(:mod:`hybridflow.runtime.shard_calls`); this process handles JSON only. A checkpoint written at
+one data-parallel size resumes at another (DCP reshards).
+
 ``resume="auto"`` continues from the newest checkpoint under ``<output_dir>/checkpoints``
 that verifies (corrupt or partial ones are skipped with a warning), or starts fresh when
 there is none; ``"never"`` starts fresh, and refuses a folder that holds checkpoints unless
@@ -14,22 +18,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError, OutputDirError
-from .checkpoint import CHECKPOINTS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint, save_checkpoint
+from ..runtime.shard_calls import load_train_states, save_train_states
+from .checkpoint import (CHECKPOINTS, TENSORS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint,
+                         save_checkpoint)
 from .config import RUN_CONTROL_FIELDS, config_hash
-from .run_state import capture_json, capture_tensors, restore
+from .run_state import capture_json, restore
 
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_engines", "rollout_engines"]
+__all__ = ["save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_roles", "rollout_engines"]
 
 log = logging.getLogger("hybridflow.trainer")
 
 
-def trained_engines(trainer: "Trainer") -> dict:
-    """Train engines of the roles the graph updates (their weights and optimizer state are checkpointed)."""
-    roles = dict.fromkeys(n.role for n in trainer.graph.nodes if n.kind == "update")
-    return {role: trainer.role_engines(role).train for role in roles}
+def trained_roles(trainer: "Trainer") -> tuple[str, ...]:
+    """The roles the graph updates (their weights and optimizer state are checkpointed), in graph order."""
+    return tuple(dict.fromkeys(n.role for n in trainer.graph.nodes if n.kind == "update"))
 
 
 def rollout_engines(trainer: "Trainer") -> dict:
@@ -53,13 +58,18 @@ def save_run(trainer: "Trainer") -> Path:
     """Checkpoint the trainer's current step under ``<output_dir>/checkpoints``; returns the folder."""
     cfg = trainer.config
     start = time.perf_counter()
-    trained = trained_engines(trainer)
     state = {"algorithm": trainer.algorithm, "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg),
              "loader": trainer.loader.state_dict(), "nan_streak": trainer._nan_streak,
-             "algorithm_state": trainer.algorithm_state.state_dict(),
-             **capture_json(trained, rollout_engines(trainer))}
-    path = save_checkpoint(trainer.output_dir / CHECKPOINTS, trainer.step, capture_tensors(trained), state,
-                           keep=cfg.keep_checkpoints, write_extra=_write_hf_files(trainer))
+             "algorithm_state": trainer.algorithm_state.state_dict()}
+    rollouts = rollout_engines(trainer)
+
+    def write_shards(folder: Path):
+        """The workers write the trained roles' shards; the controller keeps their JSON and manifest entries."""
+        engines, manifest = save_train_states(trainer.executor, trained_roles(trainer), folder)
+        return capture_json(engines, rollouts), manifest
+
+    path = save_checkpoint(trainer.output_dir / CHECKPOINTS, trainer.step, {}, state, keep=cfg.keep_checkpoints,
+                           write_extra=_write_hf_files(trainer), write_shards=write_shards)
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     log.info("checkpoint of step %d written to %s (%.1f MB, %.2f s)", trainer.step, path, size / 1e6,
              time.perf_counter() - start)
@@ -105,11 +115,11 @@ def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
             shutil.rmtree(root)
         return None
     if mode == "auto":
-        found = newest_checkpoint(root)
+        found = newest_checkpoint(root, prefixes=())
         if found is None and list_checkpoints(root):
             log.warning("no checkpoint in %s verifies; starting fresh", root)
         return found
-    return read_checkpoint(Path(mode))
+    return read_checkpoint(Path(mode), prefixes=())
 
 
 def resume_run(trainer: "Trainer") -> None:
@@ -122,7 +132,7 @@ def resume_run(trainer: "Trainer") -> None:
 def resume_newest(trainer: "Trainer") -> None:
     """Load the newest checkpoint that verifies, whatever ``config.resume`` says (recovery after a lost worker)."""
     root = trainer.output_dir / CHECKPOINTS
-    found = newest_checkpoint(root)
+    found = newest_checkpoint(root, prefixes=())
     if found is None:
         raise CheckpointError(f"no checkpoint in {root} to continue from after the lost worker; "
                               "max_restarts needs save_freq > 0")
@@ -131,7 +141,12 @@ def resume_newest(trainer: "Trainer") -> None:
 
 def _load(trainer: "Trainer", found: LoadedCheckpoint) -> None:
     _check_compatible(trainer, found)
-    restore(trained_engines(trainer), rollout_engines(trainer), found.tensors, found.state)
+    if found.state.get("format_version", 1) < 2:
+        raise CheckpointError(f"{found.path} was written by an older hybridflow (one tensors/ folder written by the "
+                              "driver); it can be exported (hybridflow export) but not resumed. Start fresh in another "
+                              "output_dir")
+    load_train_states(trainer.executor, trained_roles(trainer), found.path / TENSORS, found.state["engines"])
+    restore(rollout_engines(trainer), found.state)
     trainer.loader.load_state_dict(found.state["loader"])
     trainer.step = found.step
     trainer._nan_streak = int(found.state.get("nan_streak", 0))

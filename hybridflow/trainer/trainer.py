@@ -156,7 +156,7 @@ class Trainer:
             from ..runtime.ray import RayExecutor
 
             threads = self.machine.threads_per_slot or 1
-            self.executor = RayExecutor(self.plan, self.role_specs(), recorder=recorder, seed=cfg.seed,
+            self.executor = RayExecutor(self.plan, self.role_specs(), recorder=recorder, seed=cfg.seed, address=cfg.ray_address,
                                         cpus_per_worker=float(threads) if self.machine.kind == "cpu" else 1.0)
         else:
             self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)

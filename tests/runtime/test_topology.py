@@ -63,19 +63,26 @@ def test_bundles_and_backends():
     assert group_backend((0, 1), topo, devices) == "nccl" and group_backend((0, 2), topo, devices) == "gloo"
 
 
-def test_pools_on_one_plan_node_are_packed_on_its_ray_node():
+def test_each_slot_is_pinned_to_its_plan_nodes_ray_node():
     from hybridflow.compiler import Machine, compile_for
-    from hybridflow.runtime.ray.cluster import NODE_MARK, pool_groups
+    from hybridflow.runtime.ray.cluster import NODE_LABEL, PoolLayout, pool_groups
 
     graph = ALGORITHMS["grpo"].build(kl_loss=False)
-    machine = Machine("cuda", 2, nodes=2, where="ray", node_addresses=("10.0.0.1", "10.0.0.2"))
+    machine = Machine("cuda", 2, nodes=2, where="ray", node_addresses=("10.0.0.1", "10.0.0.1"), node_ids=("aa", "bb"))
     plan = compile_for(graph, "qwen2.5-0.5b", machine=machine, placement="actor@2;actor.generate@2", batch=SMALL)
-    assert plan.nodes == ("10.0.0.1", "10.0.0.2")
+    assert plan.nodes == ("aa", "bb")  # ids, not addresses: two raylets of one host stay apart
     assert [p.slots for p in plan.pools] == [("n0.d0", "n0.d1"), ("n1.d0", "n1.d1"), ("cpu",)]
     groups = pool_groups(plan, "GPU", 1.0)
-    assert groups["pool0"] == ({"CPU": 1.0, "GPU": 1.0, "node:10.0.0.1": NODE_MARK}, "STRICT_PACK")
-    assert groups["pool1"] == ({"CPU": 1.0, "GPU": 1.0, "node:10.0.0.2": NODE_MARK}, "STRICT_PACK")
-    assert groups["host"] == ({"CPU": 0.5}, "PACK")  # the rule reward goes wherever there is room
-    # bound without node addresses (a local machine): no node constraint
+    gpu = {"CPU": 1.0, "GPU": 1.0}
+    assert groups["pool0"] == PoolLayout(gpu, ({NODE_LABEL: "aa"},) * 2, "STRICT_PACK")
+    assert groups["pool1"] == PoolLayout(gpu, ({NODE_LABEL: "bb"},) * 2, "STRICT_PACK")
+    assert groups["host"] == PoolLayout({"CPU": 0.5}, (), "PACK")  # the rule reward goes wherever there is room
+    # a pool spanning both nodes: PACK, each bundle on its own slot's node
+    wide = compile_for(graph, "qwen2.5-0.5b", machine=machine, placement="actor@4", batch=SMALL)
+    (pool,) = [p for p in wide.pools if p.name != "host"]
+    assert pool.slots == ("n0.d0", "n0.d1", "n1.d0", "n1.d1")
+    assert pool_groups(wide, "GPU", 1.0)[pool.name] == PoolLayout(
+        gpu, ({NODE_LABEL: "aa"},) * 2 + ({NODE_LABEL: "bb"},) * 2, "PACK")
+    # bound without node ids (a local machine): no node constraint
     local = compile_for(graph, "qwen2.5-0.5b", machine=Machine("cuda", 4), placement="actor@2;actor.generate@2", batch=SMALL)
-    assert {strategy for _, strategy in pool_groups(local, "GPU", 1.0).values()} == {"PACK"}
+    assert {(p.strategy, p.selectors) for p in pool_groups(local, "GPU", 1.0).values()} == {("PACK", ())}

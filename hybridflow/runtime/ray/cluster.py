@@ -1,17 +1,22 @@
 """Ray start-up and the device slots' reservations: one placement group per pool.
 
 :func:`connect` joins the Ray instance the process already has, a cluster at
-``address`` (``"auto"`` or ``"ray://host:port"``), or starts a local one.
+``address`` (``"auto"``, ``"host:port"`` or ``"ray://host:port"``), or starts a local one.
 :func:`reserve_pools` reserves one bundle per device of each pool — ``{"CPU":
 c, "GPU": 1}`` on GPU clusters (or when tests give Ray virtual GPUs),
-``{"CPU": c}`` otherwise — and waits until Ray can place every group, so a
+``{"CPU": c}`` otherwise — each pinned to the Ray node its plan node is bound
+to (:func:`pool_groups`), and waits until Ray can place every group, so a
 cluster too small for the plan is a PlacementError naming the pool rather than
-a hang.
+a hang. :func:`replace_lost_nodes` moves a plan node whose Ray node left the
+cluster to one that joined (a restart after a lost machine); :func:`free_port`
+and :func:`node_ip` give the rank-0 slot its rendezvous address.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,9 +26,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ...compiler.plan import ExecutionPlan
 from ...errors import PlacementError
 
-__all__ = ["connect", "PoolReservation", "pool_groups", "reserve_pools", "release_pools", "free_port", "DeviceResource"]
+__all__ = ["connect", "PoolReservation", "PoolLayout", "pool_groups", "reserve_pools", "release_pools", "free_port", "node_ip", "replace_lost_nodes",
+           "DeviceResource"]
 
 DeviceResource = Literal["auto", "GPU", "CPU"]
+log = logging.getLogger("hybridflow.ray")
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
@@ -46,11 +53,16 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus
     return True
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1 (for the process group's rendezvous)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host`` (an address of this machine), for a rendezvous there."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def node_ip() -> str:
+    """The IP address of the Ray node this process runs on (the one other nodes reach it by)."""
+    return ray.util.get_node_ip_address()
 
 
 @dataclass(frozen=True)
@@ -86,17 +98,29 @@ def pool_bundle(devices: tuple[str, ...], resource: str, cpus_per_worker: float,
     return {"CPU": cpus_per_worker}
 
 
-NODE_MARK = 0.001
-"""How much of Ray's per-node resource ``node:<address>`` a bundle asks for, to land on that node."""
+NODE_LABEL = "ray.io/node-id"
+"""The label every Ray node carries with its id: a bundle's label selector on it pins the bundle to that node."""
 
 
-def pool_groups(plan: ExecutionPlan, kind: str, cpus_per_worker: float) -> dict[str, tuple[dict[str, float], str]]:
-    """Pool name -> (the bundle of each of its slots, placement strategy).
+@dataclass(frozen=True)
+class PoolLayout:
+    """How one pool's slots are reserved: a bundle per slot, where each must go, and the group's strategy."""
 
-    A plan bound to a Ray cluster (``plan.nodes``: the Ray node address of each plan node ``nK``) puts a pool whose
-    slots are all on plan node K on Ray node K: its bundles ask for a sliver of ``node:<address K>`` and the group is
-    STRICT_PACKed there. Other pools (host pools, pools spanning nodes, plans bound without node addresses) are PACKed
-    wherever Ray finds room.
+    bundle: dict[str, float]
+    """The resources of each slot's bundle."""
+    selectors: tuple[dict[str, str], ...]
+    """Per slot: the label selector pinning its bundle to its plan node's Ray node (empty: anywhere)."""
+    strategy: str
+
+
+def pool_groups(plan: ExecutionPlan, kind: str, cpus_per_worker: float) -> dict[str, PoolLayout]:
+    """Pool name -> its :class:`PoolLayout`.
+
+    A plan bound to a Ray cluster (``plan.nodes``: the Ray node id of each plan node ``nK``) puts slot ``nK.dM``
+    on Ray node K: its bundle carries the label selector ``ray.io/node-id = <id K>``. A pool whose slots are all
+    on one plan node is STRICT_PACKed there; a pool spanning plan nodes is PACKed, each bundle on its own node
+    (its process group then spans machines). Host pools and plans bound without node ids are PACKed wherever
+    Ray finds room.
     """
     from ...compiler.machine import plan_node
     from ...compiler.passes.placement import HOST
@@ -104,16 +128,16 @@ def pool_groups(plan: ExecutionPlan, kind: str, cpus_per_worker: float) -> dict[
     found = {}
     for pool in plan.pools:
         bundle = pool_bundle(pool.devices, kind, cpus_per_worker, host=pool.name.split("_")[0] == HOST)
-        nodes = {plan_node(slot) for slot in pool.slots}
-        strategy = "PACK"
-        if plan.nodes and len(nodes) == 1 and None not in nodes:
-            (node,) = nodes
-            if node >= len(plan.nodes):
-                raise PlacementError(f"pool {pool.name!r} is on plan node n{node}, but the plan is bound to "
-                                     f"{len(plan.nodes)} Ray node(s)")
-            bundle = {**bundle, f"node:{plan.nodes[node]}": NODE_MARK}
-            strategy = "STRICT_PACK"
-        found[pool.name] = (bundle, strategy)
+        nodes = [plan_node(slot) for slot in pool.slots]
+        if not plan.nodes or None in nodes:
+            found[pool.name] = PoolLayout(bundle, (), "PACK")
+            continue
+        beyond = sorted({n for n in nodes if n >= len(plan.nodes)})
+        if beyond:
+            raise PlacementError(f"pool {pool.name!r} is on plan node(s) {', '.join(f'n{n}' for n in beyond)}, but the "
+                                 f"plan is bound to {len(plan.nodes)} Ray node(s); bind it to this cluster again")
+        selectors = tuple({NODE_LABEL: plan.nodes[n]} for n in nodes)
+        found[pool.name] = PoolLayout(bundle, selectors, "STRICT_PACK" if len(set(nodes)) == 1 else "PACK")
     return found
 
 
@@ -122,21 +146,57 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
     """One placement group per pool (:func:`pool_groups`), one bundle per device; PlacementError when Ray cannot
     place one."""
     layout = pool_groups(plan, _device_resource(resource), cpus_per_worker)
-    bundles = {name: bundle for name, (bundle, _) in layout.items()}
+    bundles = {name: pool.bundle for name, pool in layout.items()}
     groups: dict[str, PlacementGroup] = {}
     for pool in plan.pools:
-        bundle, strategy = layout[pool.name]
-        groups[pool.name] = placement_group([dict(bundle) for _ in pool.devices], strategy=strategy,
-                                            name=f"hybridflow:{pool.name}")
+        spec = layout[pool.name]
+        groups[pool.name] = placement_group([dict(spec.bundle) for _ in pool.devices], strategy=spec.strategy,
+                                            name=f"hybridflow:{pool.name}",
+                                            bundle_label_selector=[dict(s) for s in spec.selectors] or None)
     ready, _ = ray.wait([g.ready() for g in groups.values()], num_returns=len(groups), timeout=timeout_s)
     if len(ready) < len(groups):
         release_pools(PoolReservation(groups, bundles))
         need = {p.name: f"{len(p.devices)} x {bundles[p.name]}" for p in plan.pools}
+        pinned = f" on Ray nodes {', '.join(n[:8] for n in plan.nodes)}" if plan.nodes else ""
         raise PlacementError(
-            f"Ray could not reserve the plan's pools within {timeout_s:.0f} s: they need {need}, and the cluster has "
+            f"Ray could not reserve the plan's pools{pinned} within {timeout_s:.0f} s: they need {need}, and the cluster has "
             f"{ {k: v for k, v in ray.available_resources().items() if k in ('CPU', 'GPU')} } free. Give Ray more resources (ray.init(num_cpus=..., num_gpus=...)), lower "
-            "cpus_per_worker, or compile for fewer devices")
+            "cpus_per_worker, or compile for fewer devices (a plan bound earlier needs the same Ray nodes alive: "
+            "bind it again)")
     return PoolReservation(groups, bundles)
+
+
+def replace_lost_nodes(plan: ExecutionPlan, *, timeout_s: float = 120.0, poll_s: float = 1.0) -> ExecutionPlan:
+    """``plan`` with each plan node whose Ray node is gone moved to a live Ray node the plan does not use yet.
+
+    For a restart after a lost node: the pools keep their shape, their bundles go to the replacement. Waits up
+    to ``timeout_s`` for enough nodes to (re)join (``ray start --address=...`` on a new machine); PlacementError
+    naming the lost nodes otherwise. Spare nodes with the most GPUs, then CPUs, are taken first.
+    """
+    if not plan.nodes:
+        return plan
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+        lost = [k for k, node_id in enumerate(plan.nodes) if node_id not in alive]
+        if not lost:
+            return plan
+        spare = sorted((node_id for node_id in alive if node_id not in plan.nodes),
+                       key=lambda i: (-alive[i]["Resources"].get("GPU", 0), -alive[i]["Resources"].get("CPU", 0), i))
+        if len(spare) >= len(lost):
+            nodes = list(plan.nodes)
+            for k, node_id in zip(lost, spare):
+                log.warning("plan node n%d: Ray node %s is gone; its slots move to Ray node %s at %s", k,
+                            plan.nodes[k][:8], node_id[:8], alive[node_id].get("NodeManagerAddress", "?"))
+                nodes[k] = node_id
+            return plan.model_copy(update={"nodes": tuple(nodes)})
+        if time.monotonic() >= deadline:
+            raise PlacementError(
+                f"plan node(s) {', '.join(f'n{k}' for k in lost)} ran on Ray node(s) "
+                f"{', '.join(plan.nodes[k][:8] for k in lost)}, which left the cluster, and {len(spare)} spare node(s) "
+                f"joined within {timeout_s:.0f} s (needed {len(lost)}). Start a node (ray start --address=HEAD:PORT) "
+                "and resume the run (resume='auto')")
+        time.sleep(poll_s)  # waiting for a node to join the cluster
 
 
 def release_pools(reservation: PoolReservation) -> None:

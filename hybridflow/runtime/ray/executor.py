@@ -7,7 +7,9 @@ STYLE.md, principle 3), distributed:
   device slot in it, hosting a :class:`~hybridflow.runtime.worker.RoleWorker`
   for every role placed on the pool (:mod:`..slot_worker`); all slots form one
   ``torch.distributed`` world with a group per pool (FSDP2 when dp > 1) and a
-  group per cross-pool weight sync (:mod:`..topology`);
+  group per cross-pool weight sync (:mod:`..topology`), meeting at the global
+  rank-0 slot's node address and a port it picked there, so the world and its
+  groups may span Ray nodes (gloo on CPU, NCCL for groups of CUDA slots);
 * **dispatch** — each op goes to every slot of its pool, the batch split by
   data-parallel rank and the results merged (:data:`..interpreter.OP_SUBMITTERS`,
   :mod:`..dispatch`); controller ops (``compute`` nodes) run in this process;
@@ -26,12 +28,14 @@ STYLE.md, principle 3), distributed:
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Mapping
 
 import ray
 
 from ...compiler.plan import ExecutionPlan
-from ...errors import ExecutionError, HybridflowError, WorkerLostError
+from ...errors import ExecutionError, HybridflowError, PlacementError, WorkerLostError
 from ..interpreter import PlanExecutor
 from ..node_calls import WorkerCall
 from ..roles import RoleSpec
@@ -40,10 +44,31 @@ from ..spans import SpanRecorder
 from ..dispatch import merge_results, split_for_ranks
 from ..topology import Slot, Topology
 from ..weight_sync import DEFAULT_BUCKET_BYTES
-from .cluster import DeviceResource, connect, free_port, release_pools, reserve_pools
+from .cluster import DeviceResource, connect, release_pools, replace_lost_nodes, reserve_pools
 from .remote_engines import RemoteWorker
 
 __all__ = ["RayExecutor"]
+
+log = logging.getLogger("hybridflow.ray")
+
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""gloo / NCCL messages of a collective whose peer process went away."""
+PEER_WAIT_S = 30.0
+"""How long a slot's lost-peer error waits for Ray to report which slot died."""
+
+
+def _is_dead(ref) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayActorError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+RESERVE_RETRY_S = 5.0
+"""A restart's reservation attempts last this long each, until the plan's lost Ray nodes are replaced."""
 
 _RemoteSlot = ray.remote(SlotWorker)
 
@@ -93,9 +118,10 @@ class RayExecutor(PlanExecutor):
         self._start_workers()
 
     # -- worker group ------------------------------------------------------------------------
-    def _start_workers(self) -> None:
+    def _start_workers(self, reserve_timeout_s: float = 120.0) -> None:
         o = self._options
-        self._reservation = reserve_pools(self.plan, resource=o["device_resource"], cpus_per_worker=o["cpus_per_worker"])
+        self._reservation = reserve_pools(self.plan, resource=o["device_resource"], cpus_per_worker=o["cpus_per_worker"],
+                                          timeout_s=reserve_timeout_s)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         for slot in self.topology.slots:
@@ -114,7 +140,9 @@ class RayExecutor(PlanExecutor):
                                      for s in self.topology.slots}, "start", o["setup_timeout_s"])
             groups = {name: (ranks, group_backend(ranks, self.topology, devices))
                       for name, ranks in self.topology.groups.items()}
-            init = f"tcp://127.0.0.1:{free_port()}"
+            first = next(s for s in self.topology.slots if s.global_rank == 0)
+            init = self._get_all({first.name: self.actor(first).rendezvous.remote()}, "rendezvous",
+                                 o["setup_timeout_s"])[first.name]
             refs = {s.name: self.actor(s).setup.remote(init, self.topology.world_size, groups) for s in self.topology.slots}
             self.slot_info = self._get_all(refs, "set-up", o["setup_timeout_s"])
         except BaseException:
@@ -139,18 +167,37 @@ class RayExecutor(PlanExecutor):
         return self._actors[slot.name]
 
     def restart(self) -> None:
-        """Kill every slot and start a fresh worker group (engines rebuilt from the specs)."""
+        """Kill every slot and start a fresh worker group (engines rebuilt from the specs); the slots of a plan node
+        whose Ray node left the cluster go to a node that replaced it (:func:`.cluster.replace_lost_nodes`)."""
         self._ahead = None
         self._stop_workers()
-        self._start_workers()
+        deadline = time.monotonic() + self._options["setup_timeout_s"]
+        while True:
+            self.plan = replace_lost_nodes(self.plan, timeout_s=max(0.0, deadline - time.monotonic()))
+            try:
+                self._start_workers(reserve_timeout_s=max(1.0, min(RESERVE_RETRY_S, deadline - time.monotonic())))
+                return
+            except PlacementError as err:
+                # a node killed a moment ago is still alive to Ray until its health checks fail (~15-30 s):
+                # its bundles cannot be placed; try again once Ray has marked it dead
+                if not self.plan.nodes or time.monotonic() >= deadline:
+                    raise
+                log.warning("restart: %s; trying again (a lost node may not be marked dead yet)", err)
 
-    def _stop_workers(self) -> None:
-        for handle in self._actors.values():
+    def _stop_workers(self, exit_timeout_s: float = 30.0) -> None:
+        """Kill the slots, wait until Ray reports them gone (a call on each fails), then remove the pools' groups.
+
+        Removing a group while a killed slot's process is still exiting has left its bundles' resources held
+        on multi-raylet clusters, so that the next reservation on that node never fitted."""
+        handles = list(self._actors.values())
+        for handle in handles:
             try:
                 ray.kill(handle, no_restart=True)
             except Exception:  # already dead
                 pass
         self._actors.clear()
+        if handles and ray.is_initialized():
+            ray.wait([h.ping.remote() for h in handles], num_returns=len(handles), timeout=exit_timeout_s)
         if self._reservation is not None:
             release_pools(self._reservation)
             self._reservation = None
@@ -216,13 +263,17 @@ class RayExecutor(PlanExecutor):
     # -- faults ----------------------------------------------------------------------------------------
     def _failure(self, what: str, slot: Slot, err: Exception) -> Exception:
         """The project error for a slot's failure: WorkerLostError when a slot of the op's pools died."""
-        dead = self._dead_slots({slot.pool})
+        cause_text = str(getattr(err, "cause", None) or err)
+        # a collective that broke because a peer went away: give Ray time to learn which one (a lost node's
+        # processes are known dead a little after its peers see their connections close)
+        lost_peer = not isinstance(err, ray.exceptions.RayActorError) and any(m in cause_text for m in LOST_PEER)
+        dead = self._dead_slots({slot.pool}, timeout_s=PEER_WAIT_S if lost_peer else 5.0)
         if isinstance(err, ray.exceptions.RayActorError) and slot not in dead:
             dead.insert(0, slot)
         cause = getattr(err, "cause", None) or err
         if dead:
             names = "; ".join(f"pool {s.pool!r} rank {s.rank} (roles {', '.join(r.role for r in s.roles)}, "
-                              f"device {s.device})" for s in dead)
+                              f"device {s.device}, {self._node_of(s)})" for s in dead)
             reason = str(cause).strip().splitlines()
             return WorkerLostError(f"{what}: worker {names} died ({type(cause).__name__}: {reason[0] if reason else ''}). "
                                    "The executor stopped instead of waiting for it; restart() builds a fresh worker "
@@ -231,11 +282,22 @@ class RayExecutor(PlanExecutor):
             return cause
         return ExecutionError(f"{what} failed on {slot.describe()}: {type(cause).__name__}: {cause}")
 
+    def _node_of(self, slot: Slot) -> str:
+        """``Ray node 4ecf536e at 10.0.0.2``: where the slot ran (as its set-up reported)."""
+        info = self.slot_info.get(slot.name, {})
+        return f"Ray node {info.get('node_id', '?')[:8]} at {info.get('node_ip', '?')}"
+
     def _dead_slots(self, pools: set[str], timeout_s: float = 5.0) -> list[Slot]:
-        """The slots of ``pools`` whose process is gone (a busy slot's ping just waits: it is alive)."""
+        """The slots of ``pools`` whose process is gone (a busy slot's ping just waits: it is alive); waits up to
+        ``timeout_s``, less once a dead one is found."""
         slots = [s for s in self.topology.slots if s.pool in pools and s.name in self._actors]
         pings = {s.name: self.actor(s).ping.remote() for s in slots}
-        ray.wait(list(pings.values()), num_returns=len(pings), timeout=timeout_s)
+        deadline, pending = time.monotonic() + timeout_s, list(pings.values())
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if any(_is_dead(r) for r in ready):
+                ray.wait(pending, num_returns=len(pending), timeout=1.0)  # its peers on the same node die with it
+                break
         dead = []
         for s in slots:
             ready, _ = ray.wait([pings[s.name]], timeout=0)

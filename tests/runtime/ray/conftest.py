@@ -23,12 +23,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
+def start_shared_ray() -> None:
+    """The shared instance: 4 CPUs and 4 virtual GPUs on one node."""
     # Reward functions and helpers of the test kit run inside the workers, which cannot import test modules.
     ray.cloudpickle.register_pickle_by_value(ray_testkit)
     # Ray would otherwise replace builtins.print in this process for good (other tests pickle print).
     os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
     ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    start_shared_ray()
     yield ray.cluster_resources()
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def own_ray():
+    """For a module that starts a Ray cluster of its own (test_multinode): the shared instance, if this process
+    has it, is stopped for the module and started again after it (the two never run at once: one xdist group)."""
+    shared = ray.is_initialized()
+    if shared:
+        ray.shutdown()
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+    if shared:
+        start_shared_ray()
