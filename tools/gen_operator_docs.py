@@ -12,7 +12,6 @@ committed page differs from what this script renders.
 """
 from __future__ import annotations
 
-import argparse
 import inspect
 import re
 import sys
@@ -130,19 +129,10 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/operators.md differs from the generated page")
-    parser.add_argument("--output", type=Path, default=DOC_PATH, help="where to write (default: docs/operators.md)")
-    args = parser.parse_args(argv)
-    page = render()
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != page:
-            print(f"{args.output} is stale; run tools/gen_operator_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(page)
-    return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from generated_page import page_command
+
+    return page_command(render, DOC_PATH, "gen_operator_docs.py", __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":
