@@ -74,5 +74,9 @@ def restore(rollouts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     """Load a captured state into the rollout engines' generators and the global RNGs (the train engines are
     loaded by their workers)."""
     for role, rollout in rollouts.items():
-        rollout.set_rng_state(_rollout_rng(state, role))
+        saved = _rollout_rng(state, role)
+        # A data-parallel rollout on Ray saved one state per rank ({"ranks": [...]}); streams are keyed by seed,
+        # so every engine is given all of them and continues the ones it samples with, whatever the dp size now.
+        for part in saved.get("ranks", [saved]):
+            rollout.set_rng_state(part)
     set_rng_state(state["rng"])

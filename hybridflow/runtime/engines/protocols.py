@@ -60,11 +60,14 @@ class RolloutEngine(Protocol):
         ...
 
     def rng_state(self) -> dict[str, Any]:
-        """The sampling randomness as JSON-ready data, such that :meth:`set_rng_state` continues it exactly."""
+        """The sampling randomness as JSON-ready data, such that :meth:`set_rng_state` continues it exactly.
+
+        The state is keyed by sampling seed (one stream per seed), so that states of several engines can be
+        given to one: the ranks of a data-parallel rollout sample with a seed each."""
         ...
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
-        """Continue from what :meth:`rng_state` returned."""
+        """Continue from what :meth:`rng_state` returned: the streams of the seeds it names (others are kept)."""
         ...
 
     def sleep(self) -> None:

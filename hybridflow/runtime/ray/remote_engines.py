@@ -1,7 +1,8 @@
 """The workers' engines as seen from the controller: what the trainer reads and calls outside the plan.
 
 The trainer validates with the actor's rollout engine and the reward source,
-checkpoints the train engines and the rollout generators, and may swap the
+saves and restores the rollouts' sampling state (the workers write the model and
+optimizer shards themselves, see runtime/train_state.py), and may swap the
 reward source, all through ``executor.workers[pool].engines[role]`` — which,
 for the LocalExecutor, are the engines themselves. For the RayExecutor,
 :class:`RemoteWorker` / :class:`RemoteObject` stand in for them:
@@ -11,7 +12,10 @@ for the LocalExecutor, are the engines themselves. For the RayExecutor,
   collective) and for the rollout methods that change state on each rank
   (:data:`ALL_RANK_ROLLOUT_METHODS`: ``set_rng_state``, ``sleep``, ``wake``,
   ``update_weights``), on rank 0 for other rollout methods and reward sources;
-  the result is rank 0's;
+  the result is rank 0's — except a rollout's ``rng_state()``, which is every
+  rank's (``{"ranks": [state of rank 0, state of rank 1, ...]}``: a data-parallel
+  rollout samples with a seed per rank; the trainer's restore gives every rank
+  all of them, and each continues the stream of its own seed);
 * reading an attribute returns its value, except that a torch module or a
   dict stays remote (``train.module.config`` fetches only the config);
 * ``worker.engines[role] = engines`` installs engines built on the controller
@@ -32,10 +36,21 @@ ALL_RANK_ROLLOUT_METHODS = frozenset({"set_rng_state", "sleep", "wake", "update_
 
 def _request(executor: "RayExecutor", pool: str, method: str, *args, all_ranks: bool) -> Any:
     """``SlotWorker.<method>(*args)`` on the pool's slots (all, or rank 0); returns rank 0's result."""
+    return _on_ranks(executor, pool, method, args, all_ranks=all_ranks)[0]
+
+
+def _on_ranks(executor: "RayExecutor", pool: str, method: str, args: tuple, *, all_ranks: bool = True) -> list:
+    """``SlotWorker.<method>(*args)`` on the pool's slots (all, or rank 0); the results in rank order."""
     slots = executor.topology.pool_slots(pool)
     targets = slots if all_ranks else slots[:1]
     refs = {s.name: getattr(executor.actor(s), method).remote(*args) for s in targets}
-    return executor._get_all(refs, f"{method} on pool {pool!r}", executor.request_timeout_s)[slots[0].name]
+    results = executor._get_all(refs, f"{method} on pool {pool!r}", executor.request_timeout_s)
+    return [results[s.name] for s in targets]
+
+
+def _rollout_rng_state(executor: "RayExecutor", pool: str, role: str):
+    """A rollout's ``rng_state`` over the data-parallel ranks (see the module docstring)."""
+    return lambda: {"ranks": _on_ranks(executor, pool, "engine_call", (role, "rollout", "rng_state", (), {}))}
 
 
 class RemoteObject:
@@ -54,6 +69,8 @@ class RemoteObject:
         executor, pool, role, part, _ = self._where
         path = self._child(name)
         kind, value = _request(executor, pool, "engine_describe", role, part, path, all_ranks=False)
+        if kind == "method" and part == "rollout" and path == "rng_state":
+            return _rollout_rng_state(executor, pool, role)
         if kind == "method":
             return lambda *args, **kwargs: _request(executor, pool, "engine_call", role, part, path, args, kwargs,
                                                     all_ranks=part == "train" or (part == "rollout" and path in

@@ -62,6 +62,24 @@ def test_hf_rng_state_round_trips_through_json(model, tokenizer):
     assert torch.equal(fresh.generate(prompts)["response_ids"], after)
 
 
+def test_restore_gives_one_engine_the_streams_of_every_data_parallel_rank(model, tokenizer):
+    """A Ray dp=2 rollout saves {"ranks": [rank 0's state, rank 1's]} (one seed per rank); restoring it into one
+    engine (a resume at dp=1) continues both seeds' streams."""
+    from hybridflow.trainer.run_state import restore, rng_state
+
+    rank0, rank1 = _build(model, tokenizer, share=False), _build(copy.deepcopy(model), tokenizer, share=False)
+    prompts = prompt_batch(tokenizer)
+    for rollout, seed in ((rank0, 3), (rank1, 1003)):
+        rollout.generate(prompts, SamplingParams(max_new_tokens=4, seed=seed))
+    saved = {"ranks": [rank0.rng_state(), rank1.rng_state()]}
+    expected = {seed: r.generate(prompts, SamplingParams(max_new_tokens=4, seed=seed))["response_ids"]
+                for r, seed in ((rank0, 3), (rank1, 1003))}
+    one = _build(copy.deepcopy(model), tokenizer, share=False)
+    restore({"actor": one}, {"rollout_rng": {"actor": saved}, "rng": rng_state()})
+    for seed, ids in expected.items():
+        assert torch.equal(one.generate(prompts, SamplingParams(max_new_tokens=4, seed=seed))["response_ids"], ids)
+
+
 def test_update_weights_takes_buckets_and_names_a_wrong_tensor(model, tokenizer):
     rollout = _build(copy.deepcopy(model), tokenizer, share=False)
     changed = {n: t + 1.0 for n, t in model.state_dict().items()}

@@ -19,6 +19,7 @@ from hybridflow.algorithms import ALGORITHMS
 from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams, TrainEngine, TrainEngineConfig
 from hybridflow.runtime.node_calls import WorkerCall
 from hybridflow.runtime.ray import RayExecutor
+from hybridflow.trainer.run_state import restore, rng_state
 
 TERMS = [("ppo_clip", 1.0, {}), ("kl_loss", 0.1, {"kl_type": "low_var_kl"}), ("entropy_bonus", 0.01, {})]
 CONFIG = dict(lr=1e-2, ppo_epochs=2, micro_batch_size=2)
@@ -64,3 +65,24 @@ def test_dp2_fsdp_update_equals_dp1(ray_cluster):
     fresh = TrainEngine(copy.deepcopy(tiny_model()), TrainEngineConfig(precision="fp32", **CONFIG))
     fresh.load_state_dict(state)
     assert all(torch.equal(fresh.module.state_dict()[k], state["model"][k]) for k in weights)
+
+
+@pytest.mark.e2e
+def test_dp2_rollout_rng_state_continues_every_rank(ray_cluster):
+    """A data-parallel rollout samples with a seed per rank: its saved state holds every rank's stream, and
+    restoring it makes each rank redraw exactly what it drew after the save (rank 1 too, not only rank 0)."""
+    graph = ALGORITHMS["rloo"].build(n=2)
+    plan = compiled_plan(graph, "colocate", 2)
+    assert plan.placement("actor").layout.dp == 2
+    batch = prompts(0, count=4)
+    generate = WorkerCall("generate", "actor", batch, ({"seed": 11, "max_new_tokens": 6},))
+    with RayExecutor(plan, role_specs(graph)) as executor:
+        rollout = executor.workers["pool0"].engines["actor"].rollout
+        executor.call("pool0", generate)
+        saved = rollout.rng_state()
+        assert len(saved["ranks"]) == 2
+        after_save = executor.call("pool0", generate)["response_ids"]
+        executor.call("pool0", generate)  # move every stream on
+        restore({"actor": rollout}, {"rollout_rng": {"actor": saved}, "rng": rng_state()})
+        replayed = executor.call("pool0", generate)["response_ids"]
+    assert torch.equal(replayed, after_save)
