@@ -29,7 +29,9 @@ def start_shared_ray() -> None:
     ray.cloudpickle.register_pickle_by_value(ray_testkit)
     # Ray would otherwise replace builtins.print in this process for good (other tests pickle print).
     os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
-    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    # address="local": a Ray instance of the suite's own, even when another one runs on this machine (ray.init()
+    # would join that one and refuse the resource figures)
+    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
 
 
 @pytest.fixture(scope="session")
