@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -48,16 +49,24 @@ from .cluster import ClusterSpec
 from .cost import CostOptions
 from .profiling import Profile, host_description, load_model_config, profile_model
 
+log = logging.getLogger("hybridflow.compiler")
+
 __all__ = ["Profile", "profile_model", "fit_line", "calibrated_cluster", "engine_cost_options", "cache_dir",
-           "profile_key", "cached_profile", "calibrate", "FITTED_FIELDS"]
+           "profile_key", "same_load", "cached_profile", "calibrate", "FITTED_FIELDS"]
 
 FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward_overhead_s",
                  "train_micro_batch_overhead_s", "optimizer_step_overhead_s", "prefill_overhead_s",
                  "decode_step_overhead_s", "op_overhead_s")
 """The ClusterSpec fields :func:`calibrated_cluster` sets."""
 
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = 3
 """Part of the cache key: bump it when what profile_model measures changes."""
+
+LOAD_TOLERANCE_CORES = 0.75
+"""A cached profile is reused only while the cores other processes keep busy are within this of what they
+were when it was measured (capped at the core count): times taken beside a busy neighbour are not this
+machine's times when it is idle, and the other way round (a profile cached under load predicted an idle
+run's step 2.5x too slow)."""
 
 
 def fit_line(x: Sequence[float], t: Sequence[float], *, min_slope: float = 0.0) -> tuple[float, float]:
@@ -172,23 +181,40 @@ def profile_key(config: Mapping, device: str, threads: int, **settings) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+def same_load(measured: float, now: float, cores: int | None = None) -> bool:
+    """Whether a profile measured with ``measured`` cores busy elsewhere holds with ``now`` busy
+    (both capped at the machine's ``cores``; see :data:`LOAD_TOLERANCE_CORES`)."""
+    cores = cores or os.cpu_count() or 1
+    return abs(min(measured, cores) - min(now, cores)) <= LOAD_TOLERANCE_CORES
+
+
 def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", threads: int | None = None, *,
-                   cache: bool = True, **settings) -> tuple[Profile, bool]:
+                   cache: bool = True, busy: float | None = None, **settings) -> tuple[Profile, bool]:
     """(profile, whether it came from the cache) of ``model``: read from :func:`cache_dir` or measured and stored.
 
-    ``settings`` go to :func:`profile_model` (batch_sizes, prompt_len, ...) and into the key.
+    ``busy``: cores other processes keep busy now (default: measured over 0.2 s). A cached profile taken
+    under another load (:func:`same_load`) is measured again and replaced. ``settings`` go to
+    :func:`profile_model` (batch_sizes, prompt_len, ...) and into the key.
     """
     import torch
+
+    from ..runtime.threads import busy_cores
 
     config, _ = load_model_config(model)
     used_threads = threads if threads is not None else torch.get_num_threads()
     file = cache_dir() / f"{profile_key(config, device, used_threads, **settings)}.json"
+    busy = busy_cores() if busy is None else busy
     if cache and file.is_file():
         try:
-            return Profile.from_json(file.read_text(encoding="utf-8")), True
+            found = Profile.from_json(file.read_text(encoding="utf-8"))
         except ValueError:
-            pass  # a stale or broken entry: measure again and overwrite it
-    profile = profile_model(model, device=device, threads=used_threads, **settings)
+            found = None  # a stale or broken entry: measure again and overwrite it
+        if found is not None and same_load(found.busy_cores, busy):
+            return found, True
+        if found is not None:
+            log.info("calibrate: the cached profile of %s was measured with %.1f cores busy elsewhere, %.1f now: "
+                     "measuring again", found.source, found.busy_cores, busy)
+    profile = profile_model(model, device=device, threads=used_threads, **settings).model_copy(update={"busy_cores": busy})
     if cache:
         file.parent.mkdir(parents=True, exist_ok=True)
         staging = file.with_suffix(f".{os.getpid()}.tmp")

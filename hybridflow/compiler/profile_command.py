@@ -29,7 +29,8 @@ def profile_lines(profile, cluster, cached: bool) -> list[str]:
     where = f"cached in {cache_dir()}" if cached else f"measured in {profile.seconds:.1f} s"
     lines = [f"{profile.source}: {m.params:,} parameters ({m.layers} layers, hidden {m.hidden}) on {profile.device}, "
              f"{profile.threads} thread(s), torch {profile.torch_version}; {where}",
-             f"  host {profile.host}; prompts of {profile.prompt_len} tokens, responses of {profile.response_len}",
+             f"  host {profile.host}, {profile.busy_cores:.1f} cores busy elsewhere; prompts of {profile.prompt_len} "
+             f"tokens, responses of {profile.response_len}",
              f"  {'batch':>6} {'forward ms':>11} {'train ms':>9} {'prefill ms':>11} {'generate ms':>12}"]
     for i, b in enumerate(profile.batch_sizes):
         lines.append(f"  {b:>6} {1e3 * profile.forward_s[i]:>11.2f} {1e3 * profile.train_s[i]:>9.2f} "

@@ -11,7 +11,7 @@ from hybridflow.algorithms import ALGORITHMS
 from hybridflow.cli import main
 from hybridflow.compiler import ClusterSpec, ModelSpec
 from hybridflow.compiler.calibrate import (FITTED_FIELDS, Profile, cached_profile, calibrate, calibrated_cluster,
-                                           engine_cost_options, fit_line, profile_model)
+                                           engine_cost_options, fit_line, profile_model, same_load)
 from hybridflow.compiler.cluster import CLUSTER_PRESETS, GIB
 from hybridflow.compiler.compile import compile
 from hybridflow.compiler.cost import CostOptions, Generate, Infer, Update, estimate
@@ -159,14 +159,31 @@ def fake_profiler(monkeypatch, tmp_path):
 
 def test_cache_round_trips_and_is_keyed_by_threads(tmp_path, fake_profiler):
     model = _model_dir(tmp_path)
-    first, cached = cached_profile(model, threads=1)
+    first, cached = cached_profile(model, threads=1, busy=0.0)
     assert not cached and len(list((tmp_path / "cache" / "calibration").glob("*.json"))) == 1
-    again, cached = cached_profile(model, threads=1)
+    again, cached = cached_profile(model, threads=1, busy=0.0)
     assert cached and again == first and len(fake_profiler) == 1
-    _, cached = cached_profile(model, threads=2)  # another thread count: another key
+    _, cached = cached_profile(model, threads=2, busy=0.0)  # another thread count: another key
     assert not cached and len(fake_profiler) == 2
-    _, cached = cached_profile(model, threads=1, cache=False)
+    _, cached = cached_profile(model, threads=1, cache=False, busy=0.0)
     assert not cached and len(fake_profiler) == 3
+
+
+def test_a_profile_cached_under_another_load_is_measured_again(tmp_path, fake_profiler):
+    model = _model_dir(tmp_path)
+    first, _ = cached_profile(model, threads=1, busy=1.6)  # measured beside a neighbour using 1.6 cores
+    assert first.busy_cores == 1.6
+    _, cached = cached_profile(model, threads=1, busy=1.2)  # within LOAD_TOLERANCE_CORES: reused
+    assert cached and len(fake_profiler) == 1
+    idle, cached = cached_profile(model, threads=1, busy=0.1)  # the neighbour is gone: measured again, replaced
+    assert not cached and len(fake_profiler) == 2 and idle.busy_cores == 0.1
+    _, cached = cached_profile(model, threads=1, busy=0.0)
+    assert cached and len(fake_profiler) == 2
+
+
+def test_load_beyond_the_core_count_is_the_same_load():
+    assert same_load(8.0, 30.0, cores=2) and same_load(2.0, 2.7, cores=4)
+    assert not same_load(0.0, 1.0, cores=2) and not same_load(3.0, 1.0, cores=2)
 
 
 def test_calibrate_profiles_each_folder_once_and_skips_rule_roles(tmp_path, fake_profiler):
