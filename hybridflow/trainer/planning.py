@@ -169,9 +169,11 @@ def run_cluster(trainer: "Trainer", machine: Machine) -> ClusterSpec:
     device = "cuda:0" if machine.kind == "cuda" else "cpu"
     with torch.random.fork_rng(devices=[]):  # profiling builds models: the run's random stream must not move
         threads = torch.get_num_threads()
+        # the threads the slots will run with: locally this process's, as Trainer._set_threads chose them
+        # (fewer than the slot's share when other processes keep cores busy); on Ray the slot's share
+        used = cfg.num_threads or (threads if cfg.executor == "local" else machine.threads_per_slot)
         try:
-            return calibrate(cluster, folders, device=device, threads=cfg.num_threads or machine.threads_per_slot,
-                             options=cost_options(trainer))
+            return calibrate(cluster, folders, device=device, threads=used, options=cost_options(trainer))
         finally:
             torch.set_num_threads(threads)
 
