@@ -9,25 +9,23 @@ run up from a checkpoint (see :mod:`.checkpoint`).
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ..algorithms.resolve import check_algorithm_args, import_modules, resolve_algorithm
-from ..errors import ConfigError, WorkerLostError
+from ..errors import WorkerLostError
 from ..graph import Graph
 from ..runtime.contracts import set_enabled as set_contract_checks
-from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
 from .algorithm_state import AlgorithmState
 from .config import PPOConfig, algorithm_attrs
 from .metrics import Tracker, nan_streak, timing_metrics
 from .progress import StepProgress
-from .seeds import stream_seed
+from .role_specs import reward_spec, role_specs
 from .run_lock import RunLock
 
 __all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer",
@@ -37,18 +35,6 @@ log = logging.getLogger("hybridflow.trainer")
 
 VAL_SEED_OFFSET = 1_000_003
 """Validation samples with seed ``config.seed + VAL_SEED_OFFSET``, so validating never moves training's generator."""
-
-
-def load_function(path: str, field: str = "reward_fn") -> Callable:
-    """``"package.module:function"`` -> the function; ConfigError naming ``field`` and the path otherwise."""
-    module_name, _, attr = path.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr or "compute_score")
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"{field} {path!r} cannot be loaded ({err}); write it as 'package.module:function'") from None
-    if not callable(fn):
-        raise ConfigError(f"{field} {path!r} is not callable")
-    return fn
 
 
 class Trainer:
@@ -107,7 +93,7 @@ class Trainer:
 
             role = next(r.name for r in self.graph.roles if r.kind == "reward")
             worker = self.executor.workers[self.plan.placement(role).pool]
-            worker.engines[role] = build_engines(role, "reward", self._reward_spec(), worker.device)
+            worker.engines[role] = build_engines(role, "reward", reward_spec(self), worker.device)
 
     def build_graph(self) -> Graph:
         """The algorithm's graph with the config's values for the attributes it has."""
@@ -183,53 +169,8 @@ class Trainer:
         warn_if_oversubscribed(1, threads, busy=busy)
 
     def role_specs(self) -> dict[str, RoleSpec]:
-        """How to build each role's engines from the config."""
-        cfg = self.config
-        sampling = SamplingParams(n=1, max_new_tokens=self.max_response_length, temperature=cfg.temperature,
-                                  top_p=cfg.top_p, top_k=cfg.top_k, seed=stream_seed(cfg.seed, "rollout"))
-        common = dict(max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay,
-                      betas=cfg.adam_betas,
-                      ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
-                      num_threads=cfg.num_threads, seed=cfg.seed)
-        specs: dict[str, RoleSpec] = {}
-        for role in self.graph.roles:
-            if role.kind == "policy":
-                train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, **common,
-                                          **cfg.actor_lr_schedule.engine_settings(cfg.max_steps))
-                engine = self.plan.placement(role.name).rollout_engine or cfg.rollout_engine
-                specs[role.name] = RoleSpec(model=self.actor_path, tokenizer=self.tokenizer, train=train, sampling=sampling,
-                                            rollout_engine=engine, rollout_options=dict(cfg.rollout_engine_options))
-            elif role.kind == "critic":
-                specs[role.name] = RoleSpec(model=cfg.critic_model_name or self.actor_path,
-                                            train=TrainEngineConfig(lr=cfg.critic_lr, **common,
-                                                                    **cfg.critic_lr_schedule.engine_settings(cfg.max_steps)))
-            elif role.kind == "reference":
-                specs[role.name] = RoleSpec(model=cfg.ref_model_name or self.actor_path, sampling=sampling)
-            elif role.kind == "cost":
-                specs[role.name] = self._cost_spec(role.name)
-            else:
-                specs[role.name] = self._reward_spec()
-        return specs
-
-    def _reward_spec(self) -> RoleSpec:
-        cfg = self.config
-        if self._reward_source is not None:
-            return RoleSpec(reward=self._reward_source, tokenizer=self.tokenizer, unfinished_score=cfg.unfinished_score)
-        if cfg.reward_model_name:
-            return RoleSpec(model=cfg.reward_model_name)
-        return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=self.tokenizer, unfinished_score=cfg.unfinished_score)
-
-    def _cost_spec(self, role: str) -> RoleSpec:
-        """A cost role scores with ``cost_model_name`` or the rule ``cost_fn`` (never the reward); ConfigError without one."""
-        cfg = self.config
-        if cfg.cost_model_name:
-            return RoleSpec(model=cfg.cost_model_name)
-        if cfg.cost_fn:
-            # unfinished_score=None: a truncated response gets its cost like any other, not a free 0
-            return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=self.tokenizer, unfinished_score=None)
-        raise ConfigError(f"{self.algorithm} has a cost role ({role!r}) but no cost source: set cost_fn "
-                          "('package.module:function' returning a cost, e.g. "
-                          "'hybridflow_ops.rewards.arithmetic:long_answer_cost') or cost_model_name")
+        """How to build each role's engines from the config (:func:`.role_specs.role_specs`)."""
+        return role_specs(self)
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:

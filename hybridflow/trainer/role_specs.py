@@ -1,0 +1,84 @@
+"""Each role's :class:`~hybridflow.runtime.roles.RoleSpec` (how its engines are built) from a trainer's config.
+
+The policy gets a train engine and its rollout engine (the plan's choice, else ``rollout_engine``), the
+critic a train engine, the reference a log-prob engine, a cost role its own source (``cost_model_name``
+or ``cost_fn``, never the reward's), and every other role the reward: the source set with
+``Trainer.set_reward_model``, else ``reward_model_name``, else the rule ``reward_fn``.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import ConfigError
+from ..runtime.engines import SamplingParams, TrainEngineConfig
+from ..runtime.roles import RoleSpec
+from .seeds import stream_seed
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["role_specs", "reward_spec", "cost_spec", "load_function"]
+
+
+def load_function(path: str, field: str = "reward_fn") -> Callable:
+    """``"package.module:function"`` -> the function; ConfigError naming ``field`` and the path otherwise."""
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr or "compute_score")
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"{field} {path!r} cannot be loaded ({err}); write it as 'package.module:function'") from None
+    if not callable(fn):
+        raise ConfigError(f"{field} {path!r} is not callable")
+    return fn
+
+
+def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
+    """How to build each role's engines from ``trainer``'s config, graph and plan."""
+    cfg = trainer.config
+    sampling = SamplingParams(n=1, max_new_tokens=trainer.max_response_length, temperature=cfg.temperature,
+                              top_p=cfg.top_p, top_k=cfg.top_k, seed=stream_seed(cfg.seed, "rollout"))
+    common = dict(max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
+                  num_threads=cfg.num_threads, seed=cfg.seed)
+    specs: dict[str, RoleSpec] = {}
+    for role in trainer.graph.roles:
+        if role.kind == "policy":
+            train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, **common,
+                                      **cfg.actor_lr_schedule.engine_settings(cfg.max_steps))
+            engine = trainer.plan.placement(role.name).rollout_engine or cfg.rollout_engine
+            specs[role.name] = RoleSpec(model=trainer.actor_path, tokenizer=trainer.tokenizer, train=train, sampling=sampling,
+                                        rollout_engine=engine, rollout_options=dict(cfg.rollout_engine_options))
+        elif role.kind == "critic":
+            specs[role.name] = RoleSpec(model=cfg.critic_model_name or trainer.actor_path,
+                                        train=TrainEngineConfig(lr=cfg.critic_lr, **common,
+                                                                **cfg.critic_lr_schedule.engine_settings(cfg.max_steps)))
+        elif role.kind == "reference":
+            specs[role.name] = RoleSpec(model=cfg.ref_model_name or trainer.actor_path, sampling=sampling)
+        elif role.kind == "cost":
+            specs[role.name] = cost_spec(trainer, role.name)
+        else:
+            specs[role.name] = reward_spec(trainer)
+    return specs
+
+
+def reward_spec(trainer: "Trainer") -> RoleSpec:
+    """A reward role: the reward source set on the trainer, else ``reward_model_name``, else the rule ``reward_fn``."""
+    cfg = trainer.config
+    if trainer._reward_source is not None:
+        return RoleSpec(reward=trainer._reward_source, tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score)
+    if cfg.reward_model_name:
+        return RoleSpec(model=cfg.reward_model_name)
+    return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score)
+
+
+def cost_spec(trainer: "Trainer", role: str) -> RoleSpec:
+    """A cost role scores with ``cost_model_name`` or the rule ``cost_fn`` (never the reward); ConfigError without one."""
+    cfg = trainer.config
+    if cfg.cost_model_name:
+        return RoleSpec(model=cfg.cost_model_name)
+    if cfg.cost_fn:
+        # unfinished_score=None: a truncated response gets its cost like any other, not a free 0
+        return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=trainer.tokenizer, unfinished_score=None)
+    raise ConfigError(f"{trainer.algorithm} has a cost role ({role!r}) but no cost source: set cost_fn "
+                      "('package.module:function' returning a cost, e.g. "
+                      "'hybridflow_ops.rewards.arithmetic:long_answer_cost') or cost_model_name")
