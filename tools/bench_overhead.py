@@ -20,7 +20,7 @@ and do the same work per step:
    every row's prompt and response as one sequence), log-probs and entropy of the response
    tokens, the clipped surrogate (clip 0.2) averaged over all response tokens, backward;
    rows with zero advantage are skipped on both sides (the count keeps them), or on neither;
-7. gradient clipping at 1.0 and one AdamW step.
+7. gradient clipping at 1.0 and one AdamW step (torch's fused AdamW on both sides).
 
 The steps alternate (ours, hand, hand, ours, ...) so that drift falls on both alike;
 the first ``--warmup`` pairs are not counted. Each step is timed on two clocks: the wall
@@ -45,6 +45,8 @@ import time
 import torch
 from transformers.cache_utils import DynamicCache
 
+from hybridflow.runtime.engines.shared_prompt import MIN_SAVED_POSITIONS  # when the train engine shares prompts
+
 
 # ----------------------------------------------------------------------------- the hand-written step
 
@@ -52,9 +54,10 @@ class HandGRPO:
     """A plain single-file GRPO step on a transformers causal LM (no hybridflow code unless asked)."""
 
     def __init__(self, model, tokenizer, *, n: int, new_tokens: int, lr: float, seed: int, skip_rows: bool,
-                 decode_fn=None, shared_prompts: bool = True):
+                 decode_fn=None, shared_prompts: bool = True, fused_adam: bool = True):
         self.model, self.tok, self.n, self.new_tokens, self.skip_rows = model, tokenizer, n, new_tokens, skip_rows
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                     fused=fused_adam)  # fused: as hybridflow's train engine on CPU
         self.gen = torch.Generator().manual_seed(seed)
         self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.ids: dict[str, list[int]] = {}
@@ -135,7 +138,8 @@ class HandGRPO:
             ids_k, mask_k, resp_k, rm_k = ids.repeat_interleave(self.n, 0)[keep], mask.repeat_interleave(self.n, 0)[keep], resp[keep], rmask[keep]
             attn_r = rm_k.flip(-1).cummax(-1).values.flip(-1).long()
             attn = torch.cat([mask_k, attn_r[:, :-1]], -1)
-            if self.shared_prompts:
+            groups = len((torch.arange(len(keep)) // self.n)[keep].unique())
+            if self.shared_prompts and (len(ids_k) - groups) * P >= MIN_SAVED_POSITIONS:  # hybridflow's rule
                 hidden = self._shared_hidden(ids, mask, keep, resp_k, attn)
             else:
                 full = torch.cat([ids_k, resp_k[:, :-1]], -1)

@@ -10,11 +10,11 @@ from hybridflow.data.tiny import make_tiny_model
 from hybridflow.runtime.engines import lm_logprobs
 from hybridflow.runtime.engines.critic import ValueModel
 from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
-from hybridflow.runtime.engines.shared_prompt import prompt_groups, shared_response_hidden
+from hybridflow.runtime.engines.shared_prompt import MIN_SAVED_POSITIONS, prompt_groups, shared_response_hidden
 from hybridflow.runtime.engines.train import TrainEngine, TrainEngineConfig
 
 
-def _group_batch(width: int = 5, groups: int = 3, n: int = 4, seed: int = 1) -> dict:
+def _group_batch(width: int = 5, groups: int = 3, n: int = 8, seed: int = 1) -> dict:
     """``groups`` left-padded prompts (of different padding) x ``n`` responses of lengths 1..width."""
     g = torch.Generator().manual_seed(seed)
     p = 6
@@ -81,8 +81,11 @@ def test_not_used_with_active_dropout_or_distinct_prompts():
     assert shared_response_hidden(model.base_model.train(), *fields) is None  # copies would share a dropout mask
     assert shared_response_hidden(model.base_model.eval(), *fields) is not None  # eval: no dropout
     model.config.attention_dropout = 0.0
-    distinct = [f[::4] for f in fields]
+    distinct = [f[::8] for f in fields]
     assert shared_response_hidden(model.base_model.train(), *distinct) is None
+    one_group = [f[:8] for f in fields]  # saves 7 x 6 prompt positions: not worth a second backbone call
+    assert (8 - 1) * 6 < MIN_SAVED_POSITIONS
+    assert shared_response_hidden(model.base_model, *one_group) is None
 
 
 def test_update_log_probs_and_values_equal_the_joined_rows(monkeypatch):
@@ -90,14 +93,21 @@ def test_update_log_probs_and_values_equal_the_joined_rows(monkeypatch):
     model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2)
     terms = [("ppo_clip", 1.0, {"clip_low": 0.2, "clip_high": 0.2})]
     batch = _group_batch()
-    results = {}
+    results, used = {}, []
+
+    def recording(*args, **kwargs):
+        hidden = shared_response_hidden(*args, **kwargs)
+        used.append(hidden is not None)
+        return hidden
+
     for shared in (True, False):
-        if not shared:
-            monkeypatch.setattr(lm_logprobs, "shared_response_hidden", lambda *a, **k: None)
-        engine = TrainEngine(copy.deepcopy(model), TrainEngineConfig(lr=1e-2, shuffle=False, micro_batch_size=8))
+        monkeypatch.setattr(lm_logprobs, "shared_response_hidden", recording if shared else (lambda *a, **k: None))
+        # micro-batches of 16 rows: two groups shared, then one group of 8 joined (too few positions saved)
+        engine = TrainEngine(copy.deepcopy(model), TrainEngineConfig(lr=1e-2, shuffle=False, micro_batch_size=16))
         log_probs = engine.compute_log_probs(batch)
         metrics = engine.update(batch, terms)
         results[shared] = (log_probs, metrics, engine.module.state_dict())
+    assert used == [True, False, True, False]  # compute_log_probs, then update: each micro-batch
     torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
         assert abs(results[True][1][key] - results[False][1][key]) < 1e-5, key
