@@ -15,10 +15,12 @@ and do the same work per step:
 3. decode the texts and score them with the arithmetic rule (0 without an EOS);
 4. group advantages ``(s - mean_g) / (std_g + 1e-6)`` (unbiased std);
 5. PPO's old log-probs = the rollout's (the reuse pass makes ours do the same);
-6. one forward of the policy on prompt + response, log-probs and entropy of the response
+6. one forward of the policy on prompt + response (each prompt's positions once, its KV cache
+   repeated to its ``n`` rows, as hybridflow's train engine does; ``--hand-forward joined``:
+   every row's prompt and response as one sequence), log-probs and entropy of the response
    tokens, the clipped surrogate (clip 0.2) averaged over all response tokens, backward;
    rows with zero advantage are skipped on both sides (the count keeps them), or on neither;
-7. gradient clipping at 1.0 and one AdamW step.
+7. gradient clipping at 1.0 and one AdamW step (torch's fused AdamW on both sides).
 
 The steps alternate (ours, hand, hand, ours, ...) so that drift falls on both alike;
 the first ``--warmup`` pairs are not counted. Each step is timed on two clocks: the wall
@@ -43,6 +45,8 @@ import time
 import torch
 from transformers.cache_utils import DynamicCache
 
+from hybridflow.runtime.engines.shared_prompt import MIN_SAVED_POSITIONS  # when the train engine shares prompts
+
 
 # ----------------------------------------------------------------------------- the hand-written step
 
@@ -50,13 +54,15 @@ class HandGRPO:
     """A plain single-file GRPO step on a transformers causal LM (no hybridflow code unless asked)."""
 
     def __init__(self, model, tokenizer, *, n: int, new_tokens: int, lr: float, seed: int, skip_rows: bool,
-                 decode_fn=None):
+                 decode_fn=None, shared_prompts: bool = True, fused_adam: bool = True):
         self.model, self.tok, self.n, self.new_tokens, self.skip_rows = model, tokenizer, n, new_tokens, skip_rows
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                     fused=fused_adam)  # fused: as hybridflow's train engine on CPU
         self.gen = torch.Generator().manual_seed(seed)
         self.eos, self.pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.ids: dict[str, list[int]] = {}
         self.decode_fn = decode_fn
+        self.shared_prompts = shared_prompts
 
     def prompts(self, rows):
         ids = [self.ids.setdefault(r["prompt"], self.tok(r["prompt"])["input_ids"]) for r in rows]
@@ -131,10 +137,14 @@ class HandGRPO:
         if bool(keep.any()):
             ids_k, mask_k, resp_k, rm_k = ids.repeat_interleave(self.n, 0)[keep], mask.repeat_interleave(self.n, 0)[keep], resp[keep], rmask[keep]
             attn_r = rm_k.flip(-1).cummax(-1).values.flip(-1).long()
-            full = torch.cat([ids_k, resp_k[:, :-1]], -1)
             attn = torch.cat([mask_k, attn_r[:, :-1]], -1)
-            hidden = self.model.model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-                                      use_cache=False).last_hidden_state[:, P - 1:]
+            groups = len((torch.arange(len(keep)) // self.n)[keep].unique())
+            if self.shared_prompts and (len(ids_k) - groups) * P >= MIN_SAVED_POSITIONS:  # hybridflow's rule
+                hidden = self._shared_hidden(ids, mask, keep, resp_k, attn)
+            else:
+                full = torch.cat([ids_k, resp_k[:, :-1]], -1)
+                hidden = self.model.model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                                          use_cache=False).last_hidden_state[:, P - 1:]
             logits = self.model.lm_head(hidden).float()
             all_lp = torch.log_softmax(logits, -1)
             lp = all_lp.gather(-1, resp_k[..., None]).squeeze(-1)
@@ -152,6 +162,23 @@ class HandGRPO:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return norm
+
+    def _shared_hidden(self, ids, mask, keep, resp_k, attn):
+        """States before each response token, each prompt's positions run once and its cache repeated to its rows."""
+        group = (torch.arange(len(keep)) // self.n)[keep]
+        used = group.unique()
+        cache = DynamicCache(config=self.model.config)
+        out = self.model.model(input_ids=ids[used], attention_mask=mask[used], position_ids=(mask[used].cumsum(-1) - 1).clamp(min=0),
+                               past_key_values=cache, use_cache=True).last_hidden_state
+        rows = torch.searchsorted(used, group)  # each kept row's place among the used prompts
+        first = out[:, -1:][rows]
+        if resp_k.shape[1] == 1:
+            return first
+        cache.reorder_cache(rows)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, ids.shape[1]:]
+        rest = self.model.model(input_ids=resp_k[:, :-1], attention_mask=attn, position_ids=pos, past_key_values=cache,
+                                use_cache=True).last_hidden_state
+        return torch.cat([first, rest], 1)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -189,7 +216,8 @@ def measure(args, skip_rows: bool) -> dict:
         from hybridflow.trainer.seeds import stream_seed
 
         hand = HandGRPO(model, trainer.tokenizer, n=args.group, new_tokens=args.new_tokens, lr=args.lr,
-                        seed=stream_seed(args.seed, "rollout"), skip_rows=skip_rows, decode_fn=decode_fn)
+                        seed=stream_seed(args.seed, "rollout"), skip_rows=skip_rows, decode_fn=decode_fn,
+                        shared_prompts=args.hand_forward == "shared")
         times = {"ours": [], "hand": []}
         cpu = {"ours": [], "hand": []}
         same_lengths = 0
@@ -229,6 +257,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--skip", choices=("on", "off", "both"), default="both", help="zero-advantage row skipping")
     parser.add_argument("--hand-decode", choices=("own", "ours"), default="own",
                         help="the hand loop's sampling: its own KV-cache loop, or hybridflow's decode()")
+    parser.add_argument("--hand-forward", choices=("shared", "joined"), default="shared",
+                        help="the hand loop's training forward: each prompt once (as ours), or prompt + response rows")
     parser.add_argument("--our-decode", choices=("auto", "hf"), default="auto",
                         help="our rollout engine's decode path: auto (the lean path where it applies) or hf (the transformers loop)")
     parser.add_argument("--no-contracts", action="store_true", help="our run without its contract checks")
@@ -247,7 +277,8 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(results))
         return results
     print(f"GRPO step, {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, {args.threads} thread(s), "
-          f"{args.pairs} interleaved pairs, our decode: {args.our_decode}, hand decode: {args.hand_decode}")
+          f"{args.pairs} interleaved pairs, our decode: {args.our_decode}, hand decode: {args.hand_decode}, "
+          f"hand forward: {args.hand_forward}")
     for r in results:
         print(f"  row skipping {'on' if r['skip_rows'] else 'off'} ({r['same_rollout_lengths']}/{r['pairs']} pairs sampled "
               f"the same response lengths)")

@@ -36,7 +36,10 @@ Speed mode (``speed``): both frameworks on the same model folder (``--size tiny`
 group size, lengths, learning rate and thread count, run alternately for ``--rounds``
 rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skipping on, then
 off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
-out), response tokens per second, peak RSS of the run's process, and ratios to TRL.
+out) on the wall clock and in process CPU time (with one thread the figure to read on a busy
+machine: what the step computed, not the time the scheduler gave to others), the mean response
+length (equal on both sides when both sample the same amount; each stops at EOS), response
+tokens per second, peak RSS of the run's process, and ratios to TRL.
 
 Replay mode (``replay``): one hybridflow run recorded step by step (batch, weights,
 gradient), then TRL's loss on each recorded batch at the recorded weights (relative
@@ -228,10 +231,15 @@ def speed(args) -> dict:
     sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", {}),
              "hybridflow_noskip": (sys.executable, "hybridflow_runner.py", {"train": {"skip_vanishing_rows": False}}),
              "trl": (trl_python, "trl_runner.py", {})}
+    for extra in args.extra_side:  # NAME=JSON: one more hybridflow side with these variant switches
+        name, _, variant = extra.partition("=")
+        sides[name] = (sys.executable, "hybridflow_runner.py", json.loads(variant or "{}"))
     base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
                      group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
                      max_new_tokens=args.new_tokens)
     times: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
+    lengths: dict[str, list[float]] = {side: [] for side in sides}
     tokens: dict[str, list[float]] = {side: [] for side in sides}
     rss: dict[str, float] = {side: 0.0 for side in sides}
     with tempfile.TemporaryDirectory(dir=out) as scratch:
@@ -241,18 +249,23 @@ def speed(args) -> dict:
                 record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True)
                 steps = record["steps"][args.skip:]
                 times[side] += [s["time_s"] for s in steps]
+                cpu[side] += [s.get("cpu_s", s["time_s"]) for s in steps]
+                lengths[side] += [s["response_length"] for s in steps]
                 tokens[side] += [args.prompts * args.group * s["response_length"] / s["time_s"] for s in steps]
                 rss[side] = max(rss[side], record["peak_rss_mb"])
-    result = {side: {"s_per_step": statistics.median(times[side]), "tokens_per_s": statistics.median(tokens[side]),
+    result = {side: {"s_per_step": statistics.median(times[side]), "cpu_s_per_step": statistics.median(cpu[side]),
+                     "response_length": statistics.mean(lengths[side]), "tokens_per_s": statistics.median(tokens[side]),
                      "peak_rss_mb": rss[side]} for side in sides}
     ref = result["trl"]
     print(f"\n{args.size} model, {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, {args.threads} "
           f"thread(s), {args.rounds} rounds of {args.steps} steps "
-          f"(first {args.skip} of each left out)")
-    print(f"  {'':18}{'s/step':>10}{'tokens/s':>12}{'peak RSS MB':>13}{'speed vs TRL':>14}")
+          f"(first {args.skip} of each left out); load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'':18}{'s/step':>9}{'CPU s/step':>12}{'resp len':>10}{'tokens/s':>10}{'peak RSS MB':>13}"
+          f"{'vs TRL (wall)':>15}{'(CPU)':>8}")
     for side, r in result.items():
-        print(f"  {side:18}{r['s_per_step']:10.3f}{r['tokens_per_s']:12.0f}{r['peak_rss_mb']:13.0f}"
-              f"{ref['s_per_step'] / r['s_per_step']:13.2f}x")
+        print(f"  {side:18}{r['s_per_step']:9.3f}{r['cpu_s_per_step']:12.3f}{r['response_length']:10.2f}"
+              f"{r['tokens_per_s']:10.0f}{r['peak_rss_mb']:13.0f}{ref['s_per_step'] / r['s_per_step']:14.2f}x"
+              f"{ref['cpu_s_per_step'] / r['cpu_s_per_step']:7.2f}x")
     (out / f"speed_{args.size}_{args.new_tokens}.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
                                                indent=1))
     return result
@@ -316,6 +329,9 @@ def main(argv=None) -> None:
     p.add_argument("--size", choices=("tiny", "10m"), default="tiny",
                    help="the model: the built-in task's tiny one (~130k parameters) or one of ~7.9M (hidden 256, 8 layers)")
     p.add_argument("--new-tokens", type=int, default=3, help="response length limit (the issue's settings: 8 on tiny, 64 on 10m)")
+    p.add_argument("--extra-side", action="append", default=[], metavar="NAME=JSON",
+                   help="another hybridflow side with these runner variant switches, e.g. "
+                        "'joined={\"joined_forward\": true}' (repeatable)")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
     p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
     p = modes.add_parser("replay", help="TRL's loss and update on hybridflow's recorded batches")

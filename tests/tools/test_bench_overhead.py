@@ -44,6 +44,8 @@ def test_hand_step_matches_our_step(bench, tmp_path, skip_rows):
         norm = hand.step(rows)
         assert metrics["response_length/mean"] == pytest.approx(hand.mean_length, abs=1e-6)
         assert metrics["actor/grad_norm"] == pytest.approx(norm, rel=1e-4)
+        # Adam's first steps move a weight by ~lr * g / (|g| + eps): where |g| is near eps (1e-8), float-order
+        # differences of g show as up to a few % of lr (2e-3); different math would move most weights by ~lr.
         for name, value in hand.model.state_dict().items():
-            torch.testing.assert_close(value, ours.state_dict()[name], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(value, ours.state_dict()[name], rtol=1e-4, atol=5e-5)
     assert any(not torch.equal(before[k], v) for k, v in ours.state_dict().items()), "the steps must train"

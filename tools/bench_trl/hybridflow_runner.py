@@ -15,6 +15,8 @@ divided by the group std, no KL, no weight decay. ``variant`` switches of the Ru
 - ``sampling_seed``: seed of the rollout engine's sampling generator alone (default: the run's seed),
 - ``sampling_skip``: draw this many numbers from the sampling generator before the first rollout
   (the same seed, its stream shifted),
+- ``joined_forward``: true runs every row's prompt in the train engine's forward (the code before
+  hybridflow.runtime.engines.shared_prompt: each distinct prompt once),
 - ``hf_generate``: true samples with transformers' ``model.generate`` (TRL's sampler, global RNG)
   instead of hybridflow's decode loop; the rollout log-probs then come from a full forward.
 """
@@ -88,6 +90,10 @@ def run(cfg: RunConfig) -> None:
         from hybridflow.runtime.engines import lm_logprobs
 
         lm_logprobs.plain_lm_head = lambda model: None
+    if cfg.variant.get("joined_forward"):
+        from hybridflow.runtime.engines import critic, lm_logprobs
+
+        lm_logprobs.shared_response_hidden = critic.shared_response_hidden = lambda *args, **kwargs: None
     if cfg.variant.get("sampling_skip"):
         from hybridflow.runtime.engines.rollout_hf import HFRolloutEngine
 
@@ -108,6 +114,7 @@ def run(cfg: RunConfig) -> None:
     out = Path(cfg.out)
     rows, tokenizer = arithmetic_rows(), load_tokenizer(cfg.model_dir)
     evals: list[dict] = []
+    cpu_times: list[float] = []  # process CPU time of each train_step (one thread: barely touched by other load)
     train_overrides = dict(cfg.variant.get("train", {}))
     if cfg.lr_schedule != "constant":
         train_overrides.update(lr_schedule=cfg.lr_schedule, total_steps=cfg.steps)
@@ -119,6 +126,12 @@ def run(cfg: RunConfig) -> None:
             acc = greedy_accuracy(self.actor_engines().rollout.model, tokenizer, rows, cfg.max_new_tokens)
             evals.append({"step": self.step, "greedy_accuracy": acc})
             return {"val/score/greedy": acc}
+
+        def train_step(self, rows):
+            start = time.process_time()
+            metrics = super().train_step(rows)
+            cpu_times.append(time.process_time() - start)
+            return metrics
 
         def role_specs(self):
             specs = super().role_specs()
@@ -143,7 +156,7 @@ def run(cfg: RunConfig) -> None:
     history = trainer.train()
     wall = time.perf_counter() - start
     steps = [{"step": i + 1, **{name: float(m[key]) for key, name in METRICS.items() if key in m},
-              "time_s": float(m.get("timing_s/step", 0.0))} for i, m in enumerate(history)]
+              "time_s": float(m.get("timing_s/step", 0.0)), "cpu_s": cpu} for i, (m, cpu) in enumerate(zip(history, cpu_times))]
     write_record(out, framework="hybridflow", config=cfg, steps=steps, evals=evals, wall_s=wall)
 
 

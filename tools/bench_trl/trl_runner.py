@@ -67,17 +67,17 @@ def run(cfg: RunConfig) -> None:
     class Record(TrainerCallback):
         """Per-step metrics from TRL's logs; greedy accuracy every ``eval_every`` steps."""
 
-        started = 0.0
+        started = started_cpu = 0.0
 
         def on_train_begin(self, args, state, control, model=None, **kw):
             evals.append({"step": 0, "greedy_accuracy": greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)})
 
         def on_step_begin(self, args, state, control, **kw):
-            self.started = time.perf_counter()
+            self.started, self.started_cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, model=None, **kw):
-            elapsed = time.perf_counter() - self.started
-            steps.append({"step": state.global_step, "time_s": elapsed})
+            elapsed, cpu = time.perf_counter() - self.started, time.process_time() - self.started_cpu
+            steps.append({"step": state.global_step, "time_s": elapsed, "cpu_s": cpu})
             if state.global_step % cfg.eval_every == 0 or state.global_step == cfg.steps:
                 acc = greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)
                 evals.append({"step": state.global_step, "greedy_accuracy": acc})

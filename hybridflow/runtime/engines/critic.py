@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .sequence import join_prompt_response, response_hidden
+from .shared_prompt import shared_response_hidden
 
 __all__ = ["ValueModel"]
 
@@ -65,6 +66,8 @@ class ValueModel(nn.Module):
 
         Shapes: prompt ``(b, P)``, response ``(b, R)`` -> ``(b, R)`` float32 (meaningless at padding).
         """
-        inputs = join_prompt_response(prompt_ids, prompt_mask, response_ids, response_mask)
-        hidden = response_hidden(self.backbone, inputs, prompt_ids.shape[-1])
+        hidden = shared_response_hidden(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask)
+        if hidden is None:  # no prompt repeats, or the shared-prompt forward would not be exact
+            inputs = join_prompt_response(prompt_ids, prompt_mask, response_ids, response_mask)
+            hidden = response_hidden(self.backbone, inputs, prompt_ids.shape[-1])
         return self.value_head(hidden).squeeze(-1).float()

@@ -1,7 +1,9 @@
 """Log-probabilities of response tokens under a causal LM, without the full logits.
 
 The backbone produces the hidden states before each response token
-(:func:`~hybridflow.runtime.engines.sequence.response_hidden`); the fused
+(:func:`~hybridflow.runtime.engines.sequence.response_hidden`, or
+:func:`~hybridflow.runtime.engines.shared_prompt.shared_response_hidden` running each
+distinct prompt of a batch once); the fused
 ``token_logprobs_from_hidden`` op applies the lm_head chunk by chunk, so the
 ``(b, R, V)`` logits never exist. Models whose output layer is not a plain
 linear map (a logit scale or soft-capping, as in Gemma 2 or Cohere) go through
@@ -19,6 +21,7 @@ import torch
 from hybridflow_ops.logprob import DEFAULT_CHUNK_SIZE, TokenLogProbs, token_logprobs_from_hidden, token_logprobs_from_logits
 
 from .sequence import join_prompt_response, response_hidden
+from .shared_prompt import shared_response_hidden
 
 __all__ = ["plain_lm_head", "response_log_probs"]
 
@@ -50,7 +53,9 @@ def response_log_probs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_
     prompt_len = prompt_ids.shape[-1]
     head = plain_lm_head(model)
     if head is not None and hasattr(model, "base_model") and model.base_model is not model:
-        hidden = response_hidden(model.base_model, inputs, prompt_len)
+        hidden = shared_response_hidden(model.base_model, prompt_ids, prompt_mask, response_ids, response_mask)
+        if hidden is None:  # no prompt repeats, or the shared-prompt forward would not be exact
+            hidden = response_hidden(model.base_model, inputs, prompt_len)
         # Outside autocast: the op upcasts each chunk to float32, and its matmuls must stay there.
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             return token_logprobs_from_hidden(hidden, head.weight, response_ids, bias=head.bias,

@@ -1,0 +1,121 @@
+"""Each distinct prompt run once in the train engine's forward: the same states, gradients and update as the joined rows."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hybridflow.data.tiny import make_tiny_model
+from hybridflow.runtime.engines import lm_logprobs
+from hybridflow.runtime.engines.critic import ValueModel
+from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
+from hybridflow.runtime.engines.shared_prompt import MIN_SAVED_POSITIONS, prompt_groups, shared_response_hidden
+from hybridflow.runtime.engines.train import TrainEngine, TrainEngineConfig
+
+
+def _group_batch(width: int = 5, groups: int = 3, n: int = 8, seed: int = 1) -> dict:
+    """``groups`` left-padded prompts (of different padding) x ``n`` responses of lengths 1..width."""
+    g = torch.Generator().manual_seed(seed)
+    p = 6
+    mask = torch.ones(groups, p, dtype=torch.long)
+    mask[1, :2] = 0
+    mask[2, :1] = 0
+    ids = torch.randint(4, 20, (groups, p), generator=g) * mask
+    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+    b = groups * n
+    lengths = torch.randint(1, width + 1, (b,), generator=g)
+    lengths[0] = width
+    response_mask = (torch.arange(width)[None] < lengths[:, None]).float()
+    return {"prompt_ids": ids, "prompt_mask": mask,
+            "response_ids": torch.randint(4, 20, (b, width), generator=g) * response_mask.long(),
+            "response_mask": response_mask,
+            "advantages": torch.randn(b, 1, generator=g).expand(b, width) * response_mask,
+            "old_log_probs": -torch.rand(b, width, generator=g) * response_mask}
+
+
+def test_prompt_groups_finds_repeats_and_tells_paddings_apart():
+    ids = torch.tensor([[0, 5, 6], [1, 2, 3], [0, 5, 6], [1, 2, 3], [9, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1]])
+    first, inverse = prompt_groups(ids, mask)
+    assert torch.equal(ids[first][inverse] * mask, ids * mask)
+    assert len(first) == 2 and inverse[0] == inverse[2] == inverse[4] and inverse[1] == inverse[3]
+    assert prompt_groups(ids[:2], mask[:2]) is None  # nothing repeats
+    mask[2, 0] = 1  # same ids, another padding: another prompt
+    first, inverse = prompt_groups(ids, mask)
+    assert len(first) == 3 and inverse[0] != inverse[2]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("width", [1, 5])
+def test_states_and_gradients_equal_the_joined_rows(arch, width):
+    torch.manual_seed(0)
+    model = make_tiny_model(arch, vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).train()
+    batch = _group_batch(width)
+    fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    valid = batch["response_mask"].bool()
+    results = []
+    for shared in (False, True):
+        model.zero_grad()
+        if shared:
+            hidden = shared_response_hidden(model.base_model, *fields)
+        else:
+            hidden = response_hidden(model.base_model, join_prompt_response(*fields), fields[0].shape[-1])
+        assert hidden.shape == (len(valid), width, 32)
+        (hidden[valid] * torch.linspace(-1, 1, 32)).sum().backward()
+        results.append((hidden[valid].detach(), {k: p.grad.clone() for k, p in model.named_parameters()
+                                                 if p.grad is not None}))
+    (joined, joined_grads), (shared, shared_grads) = results
+    torch.testing.assert_close(shared, joined, rtol=1e-5, atol=1e-5)
+    assert joined_grads.keys() == shared_grads.keys() and len(joined_grads) > 0
+    for name, grad in joined_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5)
+
+
+def test_not_used_with_active_dropout_or_distinct_prompts():
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2)
+    batch = _group_batch()
+    fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    model.config.attention_dropout = 0.1
+    assert shared_response_hidden(model.base_model.train(), *fields) is None  # copies would share a dropout mask
+    assert shared_response_hidden(model.base_model.eval(), *fields) is not None  # eval: no dropout
+    model.config.attention_dropout = 0.0
+    distinct = [f[::8] for f in fields]
+    assert shared_response_hidden(model.base_model.train(), *distinct) is None
+    one_group = [f[:8] for f in fields]  # saves 7 x 6 prompt positions: not worth a second backbone call
+    assert (8 - 1) * 6 < MIN_SAVED_POSITIONS
+    assert shared_response_hidden(model.base_model, *one_group) is None
+
+
+def test_update_log_probs_and_values_equal_the_joined_rows(monkeypatch):
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2)
+    terms = [("ppo_clip", 1.0, {"clip_low": 0.2, "clip_high": 0.2})]
+    batch = _group_batch()
+    results, used = {}, []
+
+    def recording(*args, **kwargs):
+        hidden = shared_response_hidden(*args, **kwargs)
+        used.append(hidden is not None)
+        return hidden
+
+    for shared in (True, False):
+        monkeypatch.setattr(lm_logprobs, "shared_response_hidden", recording if shared else (lambda *a, **k: None))
+        # micro-batches of 16 rows: two groups shared, then one group of 8 joined (too few positions saved)
+        engine = TrainEngine(copy.deepcopy(model), TrainEngineConfig(lr=1e-2, shuffle=False, micro_batch_size=16))
+        log_probs = engine.compute_log_probs(batch)
+        metrics = engine.update(batch, terms)
+        results[shared] = (log_probs, metrics, engine.module.state_dict())
+    assert used == [True, False, True, False]  # compute_log_probs, then update: each micro-batch
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert abs(results[True][1][key] - results[False][1][key]) < 1e-5, key
+    for name, value in results[False][2].items():  # Adam's step divides by sqrt(v): 1e-3 of lr where a grad is ~0
+        torch.testing.assert_close(results[True][2][name], value, rtol=1e-5, atol=1e-5)
+    critic = ValueModel.from_causal_lm(model)
+    fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    values = critic.response_values(*fields)
+    joined = critic.value_head(response_hidden(critic.backbone, join_prompt_response(*fields), 6)).squeeze(-1)
+    valid = batch["response_mask"].bool()
+    torch.testing.assert_close(values[valid], joined.float()[valid], rtol=1e-5, atol=1e-5)
