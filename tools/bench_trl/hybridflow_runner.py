@@ -12,7 +12,9 @@ divided by the group std, no KL, no weight decay. ``variant`` switches of the Ru
 - ``config``: fields of PPOConfig to override (e.g. ``{"recompute_old_log_probs": true}``),
 - ``plain_logprobs``: true computes log-probs from the model's full logits instead of the fused
   lm_head op (hybridflow.runtime.engines.lm_logprobs falls back to it for non-linear heads),
-- ``sampling_seed``: seed of the rollout engine's sampling generator alone (default: the run's seed),
+- ``sampling_seed``: seed of the rollout engine's sampling generator alone (default:
+  stream_seed(seed, "rollout")); ``"run"`` is the run's seed itself, so the sampler replays the
+  stream ``torch.manual_seed(seed)`` that drew the model folder's initial weights, as TRL's does,
 - ``sampling_skip``: draw this many numbers from the sampling generator before the first rollout
   (the same seed, its stream shifted),
 - ``joined_forward``: true runs every row's prompt in the train engine's forward (the code before
@@ -139,7 +141,8 @@ def run(cfg: RunConfig) -> None:
                 if spec.train is not None and train_overrides:
                     spec.train = spec.train.model_copy(update=train_overrides)
                 if spec.sampling is not None and "sampling_seed" in cfg.variant:
-                    spec.sampling = spec.sampling.model_copy(update={"seed": cfg.variant["sampling_seed"]})
+                    seed = cfg.variant["sampling_seed"]
+                    spec.sampling = spec.sampling.model_copy(update={"seed": cfg.seed if seed == "run" else int(seed)})
             return specs
 
     settings = dict(
