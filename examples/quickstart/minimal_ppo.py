@@ -33,7 +33,6 @@ config = PPOConfig(
     critic_lr=1e-2,
     adam_betas=(0.9, 0.9999),
     entropy_coef=0.02,  # an entropy bonus slows the collapse onto one answer
-    lam=1.0,  # GAE lambda 1: each token's advantage is the episode's return minus the critic's value there
     kl_in_reward=False,  # the KL to the reference as a loss term, as GRPO has it ...
     kl_coef=0.1,
     kl_type="low_var_kl",  # ... with the low-variance (k3) estimator
