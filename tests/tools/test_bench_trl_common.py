@@ -74,3 +74,15 @@ def test_greedy_responses_equal_the_rollout_engines(common, model_dir):
                               unfinished_score=0.0)
     score = float(source.score(greedy).scores.mean())
     assert common.greedy_accuracy(model, tok, common.arithmetic_rows(), 3) == pytest.approx(score)
+
+
+def test_trl_runner_reseeds_with_hybridflows_rollout_stream_seed():
+    # the TRL runner cannot import hybridflow, so its reseed="rollout" variant writes stream_seed out again:
+    # both must give the seed that hybridflow's rollout sampler gets, or the variant tests another stream
+    from hybridflow.trainer.seeds import stream_seed
+
+    sys.path.insert(0, str(COMMON.parent))
+    spec = importlib.util.spec_from_file_location("bench_trl_runner", COMMON.parent / "trl_runner.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    assert [runner.rollout_stream_seed(s) for s in (0, 1, 7, 12345)] == [stream_seed(s, "rollout") for s in (0, 1, 7, 12345)]

@@ -12,11 +12,17 @@ divided by the group std, no KL, no weight decay. ``variant`` switches of the Ru
 - ``config``: fields of PPOConfig to override (e.g. ``{"recompute_old_log_probs": true}``),
 - ``plain_logprobs``: true computes log-probs from the model's full logits instead of the fused
   lm_head op (hybridflow.runtime.engines.lm_logprobs falls back to it for non-linear heads),
-- ``sampling_seed``: seed of the rollout engine's sampling generator alone (default: the run's seed),
+- ``sampling_seed``: seed of the rollout engine's sampling generator alone (default:
+  stream_seed(seed, "rollout")); ``"run"`` is the run's seed itself, so the sampler replays the
+  stream ``torch.manual_seed(seed)`` that drew the model folder's initial weights, as TRL's does,
 - ``sampling_skip``: draw this many numbers from the sampling generator before the first rollout
   (the same seed, its stream shifted),
 - ``joined_forward``: true runs every row's prompt in the train engine's forward (the code before
   hybridflow.runtime.engines.shared_prompt: each distinct prompt once),
+- ``trl_prompt_order``: true draws each epoch's prompt order as TRL's RepeatSampler does (one
+  ``torch.randperm`` per epoch from a ``torch.Generator`` seeded with the run's seed) instead of
+  hybridflow's PromptLoader order (a numpy permutation per (seed, epoch)): the same prompts per step
+  as the TRL run of that seed,
 - ``hf_generate``: true samples with transformers' ``model.generate`` (TRL's sampler, global RNG)
   instead of hybridflow's decode loop; the rollout log-probs then come from a full forward.
 """
@@ -81,6 +87,24 @@ def _hf_generate_decode(model, prompt_ids, prompt_mask, params, *, eos_token_ids
     return Decoded(tokens, response_mask, log_probs)
 
 
+def _use_trl_prompt_order(seed: int) -> None:
+    """PromptLoader orders drawn like TRL's RepeatSampler: the e-th randperm of a generator seeded with ``seed``."""
+    import numpy as np
+
+    from hybridflow.data.datasets import PromptLoader
+
+    generator, orders = torch.Generator().manual_seed(seed), []
+
+    def trl_order(self, epoch):
+        if not self.shuffle:
+            return np.arange(len(self.dataset))
+        while len(orders) <= epoch:
+            orders.append(torch.randperm(len(self.dataset), generator=generator).numpy())
+        return orders[epoch]
+
+    PromptLoader._order = trl_order
+
+
 def run(cfg: RunConfig) -> None:
     from hybridflow import PPOConfig
     from hybridflow.algorithms import GRPOTrainer
@@ -107,6 +131,8 @@ def run(cfg: RunConfig) -> None:
             return generator
 
         HFRolloutEngine._generator = shifted_generator
+    if cfg.variant.get("trl_prompt_order"):
+        _use_trl_prompt_order(cfg.seed)
     if cfg.variant.get("hf_generate"):
         from hybridflow.runtime.engines import rollout_hf
 
@@ -139,7 +165,8 @@ def run(cfg: RunConfig) -> None:
                 if spec.train is not None and train_overrides:
                     spec.train = spec.train.model_copy(update=train_overrides)
                 if spec.sampling is not None and "sampling_seed" in cfg.variant:
-                    spec.sampling = spec.sampling.model_copy(update={"seed": cfg.variant["sampling_seed"]})
+                    seed = cfg.variant["sampling_seed"]
+                    spec.sampling = spec.sampling.model_copy(update={"seed": cfg.seed if seed == "run" else int(seed)})
             return specs
 
     settings = dict(

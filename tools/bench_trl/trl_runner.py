@@ -7,10 +7,16 @@ Imports nothing from hybridflow: the model folder, the settings and the shared t
 reward / greedy-evaluation code (common.py, beside this file) come by path. The settings
 are made equal to hybridflow's GRPO recipe (see tools/bench_vs_trl.py for the list);
 ``variant["args"]`` of the RunConfig overrides GRPOConfig fields for diagnosis
-experiments (e.g. ``{"bf16": true}`` for GRPOConfig's own default precision).
+experiments (e.g. ``{"bf16": true}`` for GRPOConfig's own default precision), and
+``variant["reseed"]`` (an int, or ``"rollout"``) reseeds torch's global generator after the
+trainer is built, just before training: GRPOTrainer calls ``set_seed(seed)`` in its constructor,
+so by default its sampling replays the stream ``torch.manual_seed(seed)`` that drew the model
+folder's initial weights; ``"rollout"`` uses the seed hybridflow's rollout stream gets
+(hybridflow.trainer.seeds.stream_seed(seed, "rollout"), the same hash written out here).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -24,6 +30,11 @@ from common import RunConfig, arithmetic_rows, exact_sum_score, greedy_accuracy,
 # TRL log keys -> the record's names
 METRICS = {"grad_norm": "grad_norm", "entropy": "entropy", "completions/mean_length": "response_length",
            "reward": "reward", "learning_rate": "lr", "clip_ratio/region_mean": "clipfrac"}
+
+
+def rollout_stream_seed(seed: int) -> int:
+    """hybridflow's seed of a run's rollout sampling stream (hybridflow.trainer.seeds.stream_seed, not imported)."""
+    return int.from_bytes(hashlib.sha256(f"hybridflow/rollout/{seed}".encode()).digest()[:8], "little") >> 1
 
 
 def grpo_args(cfg: RunConfig, output_dir: str):
@@ -92,6 +103,9 @@ def run(cfg: RunConfig) -> None:
                           processing_class=tokenizer, callbacks=[Record()])
     generation = {k: getattr(trainer.generation_config, k, None)
                   for k in ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")}
+    reseed = cfg.variant.get("reseed")
+    if reseed is not None:
+        torch.manual_seed(rollout_stream_seed(cfg.seed) if reseed == "rollout" else int(reseed))
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
