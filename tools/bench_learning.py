@@ -15,10 +15,15 @@ reached 0.5 / 0.9, the median time to 0.9, and the smallest gain.
     python tools/bench_learning.py --algo grpo --seeds 7 # one seed (a CI job can sample one)
     python tools/bench_learning.py --algo dapo,cispo --seeds 0,1   # other algorithms, grpo_arith's recipe
     python tools/bench_learning.py --jobs 2             # two runs at a time (noisier seconds)
+    .venv-vllm/bin/python tools/bench_learning.py --algo grpo --seeds 0,1,2 --heads 2 --rollout-engine hf,vllm
+                                                        # vLLM vs transformers rollouts, same seeds and model
 
 Measured with grpo_arith's recipe (1 thread per run, 2 runs at a time on the shared 2-core machine):
 dapo seeds 0/1 0.08 -> 0.96 / 0.90 greedy (0.5 at step 125 / 250), 38 % / 73 % of groups dropped
 per step, 1.27 / 1.67 extra generation rounds; cispo seeds 0/1 0.08 -> 1.00 / 0.97 (0.5 at 150 / 125).
+
+With ``--heads 2 --rollout-engine hf,vllm`` (seeds 0-2, in .venv-vllm): both engines reached 0.9 on 3/3
+seeds, hf at steps 325 / 425 / 350, vllm at 250 / 475 / 475 (docs/rollout_engines.md).
 
 Seconds depend on the machine and its load; steps do not. ``--json FILE`` writes every
 curve.
@@ -43,10 +48,12 @@ EXTRA_ARGS: dict[str, list[str]] = {"dapo": ["--response-length", "4"]}
 """Recipe arguments an algorithm needs beyond grpo_arith's (DAPO's overlong shaping penalises the budget's last token)."""
 
 
-def command(algo: str, seed: int, out: Path, steps: int | None, time_budget: float | None) -> list[str]:
+def command(algo: str, seed: int, out: Path, steps: int | None, time_budget: float | None, engine: str = "hf",
+            heads: int | None = None) -> list[str]:
     if algo != "ppo":  # grpo, or any standard algorithm trained with the grpo_arith recipe
         cmd = [sys.executable, str(ROOT / "examples" / "grpo_arith" / "train.py"), "--seed", str(seed), "--out", str(out)]
         cmd += ["--algorithm", algo, *EXTRA_ARGS.get(algo, [])] if algo != "grpo" else []
+        cmd += ["--rollout-engine", engine] + (["--heads", str(heads)] if heads else [])
     else:
         cmd = [sys.executable, "-m", "hybridflow.cli", "quickstart", "--seed", str(seed), "--out", str(out)]
         cmd += ["--time-budget", str(time_budget)] if time_budget is not None else []
@@ -78,16 +85,20 @@ def first_reached(curve, threshold: float):
     return next(((step, seconds) for step, seconds, acc in curve if acc >= threshold), None)
 
 
-def run_one(algo: str, seed: int, root: Path, steps: int | None, time_budget: float | None) -> dict:
-    out = root / f"{algo}_seed{seed}"
+def run_one(algo: str, seed: int, root: Path, steps: int | None, time_budget: float | None, engine: str = "hf",
+            heads: int | None = None) -> dict:
+    """One run; ``algo`` in the results is ``<algo>/<engine>`` for a rollout engine other than hf."""
+    label = algo if engine == "hf" else f"{algo}/{engine}"
+    out = root / f"{label.replace('/', '_')}_seed{seed}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    proc = subprocess.run(command(algo, seed, out, steps, time_budget), cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(command(algo, seed, out, steps, time_budget, engine, heads), cwd=ROOT, env=env,
+                          capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        return {"algo": algo, "seed": seed, "error": proc.stderr.strip().splitlines()[-1:] or ["(no output)"], "wall_s": wall}
+        return {"algo": label, "seed": seed, "error": proc.stderr.strip().splitlines()[-1:] or ["(no output)"], "wall_s": wall}
     curve = curve_of(out / "metrics.jsonl")
-    return {"algo": algo, "seed": seed, "curve": curve, "wall_s": round(wall, 1), "before": curve[0][2],
+    return {"algo": label, "seed": seed, "curve": curve, "wall_s": round(wall, 1), "before": curve[0][2],
             "final": curve[-1][2], "steps": curve[-1][0],
             "reached": {str(t): first_reached(curve, t) for t in THRESHOLDS},
             "dynamic_sampling": dynamic_sampling_of(out / "metrics.jsonl")}
@@ -130,6 +141,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="override each recipe's step count")
     parser.add_argument("--ppo-time-budget", type=float, default=None,
                         help="the quickstart's --time-budget (default: its own, 140 s; 0: none, run all its steps)")
+    parser.add_argument("--rollout-engine", default="hf",
+                        help="hf, vllm, or hf,vllm (both, same seeds; vllm needs .venv-vllm/bin/python and --heads 2); "
+                             "grpo_arith recipe only")
+    parser.add_argument("--heads", type=int, default=None,
+                        help="attention heads of the grpo_arith model (default: its own, 4; 2 gives head_dim 32 for vLLM)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one torch thread)")
     parser.add_argument("--out", default="runs/bench_learning", help="folder of the runs")
     parser.add_argument("--json", default=None, help="write every result (with its curve) to this file")
@@ -142,10 +158,16 @@ def main(argv=None) -> int:
     unknown = [a for a in algos if a not in ALGORITHMS]
     if unknown:
         parser.error(f"unknown algorithm(s) {', '.join(unknown)}; the standard ones are {', '.join(ALGORITHMS)}")
-    jobs = [(algo, seed) for algo in algos for seed in seeds]
+    engines = tuple(e.strip() for e in args.rollout_engine.split(",") if e.strip())
+    if set(engines) - {"hf", "vllm"}:
+        parser.error(f"--rollout-engine: {args.rollout_engine!r}; choose hf, vllm or hf,vllm")
+    if "ppo" in algos and engines != ("hf",):
+        parser.error("--rollout-engine applies to the grpo_arith recipe; the ppo quickstart samples with hf")
+    jobs = [(algo, engine, seed) for algo in algos for seed in seeds for engine in engines]
     root = Path(args.out).resolve()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda job: run_one(job[0], job[1], root, args.steps, args.ppo_time_budget), jobs))
+        results = list(pool.map(lambda job: run_one(job[0], job[2], root, args.steps, args.ppo_time_budget, job[1],
+                                                    args.heads), jobs))
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

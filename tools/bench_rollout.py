@@ -44,7 +44,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench_model(name: str, samples: int, tokens: int, rounds: int = 3) -> dict[str, float]:
+def bench_model(name: str, samples: int, tokens: int, rounds: int = 3, vllm_options: dict | None = None) -> dict[str, float]:
     from hybridflow.data import make_tiny_model, make_tiny_tokenizer
     from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams
     from hybridflow.runtime.engines.registry import VLLMOptions
@@ -60,7 +60,8 @@ def bench_model(name: str, samples: int, tokens: int, rounds: int = 3) -> dict[s
     hf = HFRolloutEngine(copy.deepcopy(model), tokenizer=tokenizer)
     started = time.perf_counter()
     vllm = VLLMRolloutEngine.from_module(copy.deepcopy(model), tokenizer=tokenizer,
-                                         options=VLLMOptions(max_model_len=256, max_num_seqs=samples))
+                                         options=VLLMOptions(**{"max_model_len": 256, "max_num_seqs": samples,
+                                                                 **(vllm_options or {})}))
     start_s = time.perf_counter() - started
     for engine in (hf, vllm):
         engine.generate(prompts, sampling)  # warm-up (vLLM's first call compiles kernels)
@@ -85,11 +86,20 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per response")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds per model (medians)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--vllm-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the vllm engine (rollout_engine_options), e.g. dtype=bfloat16, "
+                             "max_num_seqs=16, enforce_eager=false; repeatable")
     args = parser.parse_args()
+    vllm_options = {}
+    for item in args.vllm_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--vllm-option {item!r}: expected KEY=VALUE")
+        vllm_options[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
     torch.set_num_threads(args.threads)
-    print(f"{args.samples} samples x {args.tokens} tokens, {args.threads} thread(s)")
+    print(f"{args.samples} samples x {args.tokens} tokens, {args.threads} thread(s), vllm options {vllm_options or 'default'}")
     for name in args.models:
-        r = bench_model(name, args.samples, args.tokens, args.rounds)
+        r = bench_model(name, args.samples, args.tokens, args.rounds, vllm_options)
         print(f"{name:>5} ({r['params'] / 1e6:.2f}M params): hf {r['hf_tokens_per_s']:8.0f} tok/s  "
               f"vllm {r['vllm_tokens_per_s']:8.0f} tok/s  ratio vllm/hf {r['ratio']:.2f}x  "
               f"| weight update into vllm {r['update_vllm_s'] * 1e3:.1f} ms vs state-dict copy "

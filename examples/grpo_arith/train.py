@@ -22,6 +22,9 @@ measures it over seeds).
 ``clip_ratio``, ``kl_coef``, ...) apply, the others are ignored with a warning.
 ``--response-length`` sets the token budget (DAPO's overlong shaping penalises the last
 token of it, so a DAPO run needs one token more than the longest answer: 4).
+``--rollout-engine vllm`` samples with vLLM (``.venv-vllm/bin/python``); vLLM's CPU attention needs
+head_dim >= 32, so it goes with ``--heads 2`` (hidden 64 in 2 heads of 32, 1 KV head: the same
+parameter count as the default 4 heads of 16 with 2 KV heads).
 
 Run: python examples/grpo_arith/train.py [--out runs/grpo_arith] [--seed 0] [--steps 1000] [--algorithm grpo]
 Prints the accuracy curve and writes metrics.jsonl (and curve.json) to --out.
@@ -44,6 +47,9 @@ from hybridflow.data.tasks.arithmetic import make_arithmetic_rows, random_wrong_
 from hybridflow.trainer.run_command import stopped_status
 from hybridflow.trainer.warmup import supervised_warmup
 
+VLLM_OPTIONS = {"max_model_len": 64, "kv_cache_gib": 1}
+"""``--rollout-engine vllm``: prompts of this task are a dozen tokens, so a short model length and a 1 GiB cache."""
+
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,14 +64,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for this model)")
     parser.add_argument("--algorithm", default="grpo", choices=sorted(ALGORITHMS), help="the standard algorithm to train")
     parser.add_argument("--response-length", type=int, default=3, help="max new tokens per response")
+    parser.add_argument("--heads", type=int, default=4,
+                        help="attention heads of the model (hidden 64; KV heads: half as many). 2 gives head_dim 32, "
+                             "which vLLM's CPU attention needs (4 gives 16)")
+    parser.add_argument("--rollout-engine", default="hf", choices=("hf", "vllm"),
+                        help="the rollout engine (vllm: run with .venv-vllm/bin/python, see docs/rollout_engines.md)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     out = Path(args.out)
     torch.set_num_threads(args.threads)
 
     # 1. a random tiny model, and its format warm-up on wrong answers only
-    model_dir = create_tiny_model_dir(out / "model", task="arithmetic", seed=args.seed, hidden=64, layers=2, heads=4,
-                                      kv_heads=2)
+    model_dir = create_tiny_model_dir(out / "model", task="arithmetic", seed=args.seed, hidden=64, layers=2,
+                                      heads=args.heads, kv_heads=max(1, args.heads // 2))
     tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
     losses = supervised_warmup(model, tokenizer, make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3,
                                seed=args.seed)
@@ -80,7 +91,8 @@ def main(argv=None) -> dict:
         max_grad_norm=1.0, clip_ratio=0.2, loss_agg_mode="token-mean", kl_coef=0.1, kl_type="low_var_kl",
         recompute_old_log_probs=False, max_steps=args.steps, max_time_s=args.max_time, eval_freq=args.eval_every,
         val_samples=1, stop_at_val_score=args.target, resume="never", overwrite=True, trackers=("console", "jsonl"),
-        log_every=args.eval_every, progress_bar=False,
+        log_every=args.eval_every, progress_bar=False, rollout_engine=args.rollout_engine,
+        rollout_engine_options=VLLM_OPTIONS if args.rollout_engine == "vllm" else {},
     )
     trainer = Trainer(config, algorithm=args.algorithm)  # the reference model of the KL loss is the warmed-up model
     history = trainer.train()

@@ -7,7 +7,8 @@
   copy of the weights (made before sharding), refreshed by each weight sync;
   the global ``mini_batch_size`` is divided by dp (each rank steps on its share).
 * a policy whose generation runs on another pool keeps only its train engine
-  here, and the generation pool's slots keep only the rollout engine.
+  here (its rollout engine is built as ``hf`` and dropped, whatever the config
+  names), and the generation pool's slots keep only the rollout engine.
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def _engines(slot: RoleSlot, spec: RoleSpec, device: str, mesh) -> RoleEngines:
     sharded = slot.train and slot.dp > 1
     if sharded:
         spec = dataclasses.replace(spec, share_rollout_module=False)
+    if slot.kind == "policy" and not slot.rollout and spec.rollout_engine != "hf":
+        # the rollout engine is dropped below: build the cheap one (hf shares the module) rather than, e.g., a vLLM
+        # engine whose start-up alone takes tens of seconds
+        spec = dataclasses.replace(spec, rollout_engine="hf", rollout_options={})
     if not slot.train and isinstance(spec.model, torch.nn.Module):
         # a generation pool's own weights, even when its slot shares a process with the train pool (LocalExecutor)
         spec = dataclasses.replace(spec, model=copy.deepcopy(spec.model))

@@ -6,6 +6,8 @@ non-zero advantages and an update that the next weight sync must carry into vLLM
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -67,3 +69,32 @@ def test_a_vllm_run_resumes_bit_for_bit(fast_config, llama_dir, tmp_path):
     assert len(resumed) == 2
     for step, (a, b) in enumerate(zip(full[2:], resumed), start=3):
         assert _learned(a) == _learned(b), f"step {step} differs"
+
+
+def test_grpo_with_vllm_rollouts_on_ray_one_step_off_policy(fast_config, llama_dir, tmp_path):
+    """executor=ray, placement=split, staleness=1: vLLM samples in the generation pool's slot, a Ray actor whose
+    process is in the slots' torch.distributed world (vLLM's worker then runs in a process of its own)."""
+    out = tmp_path / "ray"
+    trainer = GRPOTrainer(config=_config(fast_config, llama_dir, out, max_steps=3, executor="ray", placement="split",
+                                         staleness=1, cpu_slots=2, val_samples=1))
+    try:
+        history = trainer.train()
+        actor = trainer.plan.placement("actor")
+        assert actor.rollout_engine == "vllm" and actor.generation_pool not in (None, actor.pool)
+        assert [m["rollout/staleness"] for m in history] == [0.0, 1.0, 1.0]  # step 1 on-policy, then one update old
+        assert all(torch.isfinite(torch.tensor(m["actor/pg_loss"])) for m in history)
+        assert any(abs(m["actor/pg_loss"]) > 1e-6 for m in history)
+        assert all(m["weight_sync/actor/mb"] > 0 for m in history)  # every step's weights went over to the vLLM pool
+        # after the final validation's sync, vLLM (on the generation pool) samples from the trained weights
+        from hybridflow.data import make_prompt_batch
+
+        prompts = make_prompt_batch(trainer.train_rows[:4], trainer.tokenizer)
+        rollout = trainer.rollout_engine("actor")
+        sampled = rollout.generate(prompts, SamplingParams(n=2, max_new_tokens=4, seed=3))
+        train = trainer.executor.workers[actor.pool].engines["actor"].train
+        gap = ((sampled["rollout_log_probs"] - train.compute_log_probs(sampled)) * sampled["response_mask"]).abs().max()
+        assert float(gap) < 1e-4
+        # the staging folder in /dev/shm is gone once vLLM has read it (ray.kill leaves no clean-up to do)
+        assert not Path(rollout.folder).exists()
+    finally:
+        trainer.executor.shutdown()

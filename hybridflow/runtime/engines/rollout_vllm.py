@@ -4,7 +4,13 @@ Built from the policy's module (:meth:`VLLMRolloutEngine.from_module`): its
 weights and config are written as a transformers folder in RAM-backed
 storage (``/dev/shm``) and ``vllm.LLM`` starts from it *in this process*
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs here, so new
-weights are handed over as tensors, not files). vLLM gets token ids, never
+weights are handed over as tensors, not files). In a process that is part of
+a ``torch.distributed`` world (a Ray slot worker) vLLM's worker, which would
+otherwise join that world and wait for its other ranks, runs in a spawned
+process of its own (:func:`worker_in_own_process`); the engine core stays
+here and tensors reach the worker pickled through vLLM's shared-memory queue.
+A script that starts vLLM after ``init_process_group`` therefore needs the
+``if __name__ == "__main__":`` guard of Python's spawn start method. vLLM gets token ids, never
 text (``skip_tokenizer_init``); the ``responses`` column is decoded with the
 role's tokenizer, as in :mod:`.rollout_hf`.
 
@@ -64,7 +70,7 @@ from .registry import VLLMOptions
 from .sampling import SamplingParams
 from .text import decode_responses
 
-__all__ = ["VLLMRolloutEngine", "vllm_seed"]
+__all__ = ["VLLMRolloutEngine", "vllm_seed", "worker_in_own_process"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -140,9 +146,24 @@ class _GlobalStateGuard:
         return False
 
 
-def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int):
-    """``vllm.LLM`` on ``folder`` in this process (module docstring)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def worker_in_own_process() -> bool:
+    """Whether vLLM's worker must run in a process of its own: when this process is in a ``torch.distributed``
+    world (a Ray slot worker).
+
+    vLLM's worker joins the world it finds initialised and creates its groups over *every* rank of it
+    (``init_world_group`` -> ``torch.distributed.new_group``, which each rank of the world must call), so in a
+    slot whose peers never call it, start-up waits for them forever. A spawned process has no world: vLLM makes
+    its own, of one rank.
+    """
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int, own_process: bool):
+    """``vllm.LLM`` on ``folder``: the engine core in this process, its worker here too or (``own_process``) in a
+    spawned process (vLLM's ``mp`` executor; :func:`worker_in_own_process`)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if own_process:  # a forked worker would inherit this process's world (and its sockets)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     if not device.startswith("cuda"):
         if options.sleep_mode:
@@ -153,6 +174,8 @@ def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int):
                   tensor_parallel_size=options.tensor_parallel_size, enforce_eager=options.enforce_eager, seed=0,
                   max_num_seqs=options.max_num_seqs, logprobs_mode="raw_logprobs", max_logprobs=-1,
                   enable_prefix_caching=True)
+    if own_process:
+        kwargs.update(distributed_executor_backend="mp")
     if device.startswith("cuda"):
         kwargs.update(gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.sleep_mode)
     with _GlobalStateGuard():
@@ -194,10 +217,14 @@ class VLLMRolloutEngine:
             _stage(module, folder)
             config = module.config
             max_len = options.max_model_len or int(getattr(config, "max_position_embeddings", 2048))
-            llm = _start_llm(folder, options, device, max_len)
+            llm = _start_llm(folder, options, device, max_len, worker_in_own_process())
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+        if options.weight_transfer == "direct":
+            # vLLM has read the folder and 'direct' never reads it again: gone now, it cannot outlive a process
+            # killed without clean-up (a Ray slot's, by ray.kill); 'shm' reloads from it, so it stays until the end
+            shutil.rmtree(folder, ignore_errors=True)
         eos = _special_ids(module, tokenizer, "eos_token_id")
         pad = (_special_ids(module, tokenizer, "pad_token_id") or eos or (0,))[0]
         shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
@@ -284,9 +311,10 @@ class VLLMRolloutEngine:
 
     def _load_pending(self) -> None:
         weights, self._pending = self._pending, {}
-        if self.options.weight_transfer == "shm":
+        if self.options.weight_transfer == "shm":  # tensors do not cross vLLM's process boundary
             from safetensors.torch import save_file
 
+            self.folder.mkdir(parents=True, exist_ok=True)  # removed after start-up when the engine began with 'direct'
             for old in self.folder.glob("*.safetensors"):
                 old.unlink()
             save_file({n: t.contiguous().cpu() for n, t in weights.items()}, str(self.folder / "model.safetensors"))
