@@ -148,6 +148,13 @@ def _finite_outputs(name: str, finite: object, outputs: tuple[FieldSpec, ...]) -
     return finite
 
 
+def _same_definition(old: Callable, new: Callable) -> bool:
+    """Whether ``new`` is ``old`` defined again: the same function of the same module, imported a second
+    time (``importlib.reload`` in a notebook, or a module dropped from ``sys.modules`` and imported again)."""
+    return (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == \
+        (getattr(new, "__module__", None), getattr(new, "__qualname__", None))
+
+
 def register_op(
     name: str,
     *,
@@ -162,7 +169,9 @@ def register_op(
     """Decorator: register ``fn`` under ``name`` with its typed fields.
 
     ``finite`` says which outputs must hold only finite values: True (the default) every
-    floating-point output, False none, or a tuple of output names.
+    floating-point output, False none, or a tuple of output names. A name already taken is an
+    OpRegistryError unless ``replace``, or unless it is the same function of the same module
+    registering again (a reloaded module replaces its own ops).
 
     >>> @register_op("my_adv", inputs=("scores: float32[B]",), outputs=("advantages: float32[B]",))
     ... def my_adv(scores, *, scale=1.0): ...
@@ -180,7 +189,7 @@ def register_op(
     finite_outputs = _finite_outputs(name, finite, out_specs)
 
     def decorate(fn: Callable) -> Callable:
-        if name in _REGISTRY and not replace:
+        if name in _REGISTRY and not replace and not _same_definition(_REGISTRY[name].fn, fn):
             raise OpRegistryError(f"op {name!r} is already registered (by {_REGISTRY[name].fn.__module__}); pick another name or pass replace=True")
         attrs, defaults = _keyword_attrs(fn, len(model_specs) + len(in_specs), name)
         if kind == "loss" and "coef" in attrs:
