@@ -188,7 +188,12 @@ class Trainer:
             self.stop_signal = None
             if self.executor is None:
                 self._prepare()
-            self._loop(stop)
+            try:
+                self._loop(stop)
+            except Exception:
+                if stop.forced:  # a second signal broke what was running (e.g. a checkpoint write): a stop, not its error
+                    raise KeyboardInterrupt("a second signal: stopping at once") from None
+                raise
         return self.history
 
     def _loop(self, stop) -> None:

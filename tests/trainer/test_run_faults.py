@@ -206,6 +206,29 @@ def test_a_second_sigint_in_process_raises_keyboard_interrupt_and_frees_the_fold
         pass
 
 
+class SecondSignalBreaksAWrite(SignalAt):
+    """The first SIGINT, then a second one that lands inside a library call which turns it into its own error,
+    as torch.save's zip writer does when it is interrupted mid-file ("unexpected pos ...", seen in CI)."""
+
+    def log(self, metrics, step):
+        if step != self.step:
+            return
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the signal is handled here, raising KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+
+def test_a_second_sigint_that_breaks_a_library_call_is_still_a_keyboard_interrupt(fast_config):
+    trainer = PPOTrainer(config=fast_config(max_steps=5), trackers=[SecondSignalBreaksAWrite(1)])
+    with pytest.raises(KeyboardInterrupt):  # not the RuntimeError the broken write raised
+        trainer.train()
+    with RunLock(trainer.output_dir):
+        pass
+
+
 def test_ctrl_c_inside_a_checkpoint_write_is_a_keyboard_interrupt_and_leaves_nothing(tmp_path, monkeypatch):
     import torch.distributed.checkpoint as dcp
 
