@@ -95,13 +95,16 @@ def fit_line(x: Sequence[float], t: Sequence[float], *, min_slope: float = 0.0) 
 
 
 def engine_cost_options(train_micro_batch: int, infer_micro_batch: int) -> CostOptions:
-    """Cost options that describe hybridflow's own engines: no activation recomputation, shared prefill.
+    """Cost options that describe hybridflow's own engines: no activation recomputation, shared prefill,
+    the training forwards' shared prompts.
 
     ``train_micro_batch`` / ``infer_micro_batch``: the run's micro-batch sizes
     (the whole mini-batch / the whole batch when the config leaves them unset).
     """
+    from ..runtime.engines.shared_prompt import MIN_SAVED_POSITIONS
+
     return CostOptions(activation_checkpointing=False, shared_prefill=True, train_micro_batch=train_micro_batch,
-                       infer_micro_batch=infer_micro_batch)
+                       infer_micro_batch=infer_micro_batch, shared_prompt_min_saved=MIN_SAVED_POSITIONS)
 
 
 def _ideal(flops: float, cluster: ClusterSpec) -> float:

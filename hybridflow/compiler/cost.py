@@ -51,6 +51,12 @@ bf16 FLOP/s; every rate is scaled by the cluster's efficiency factors):
 - with ``CostOptions.shared_prefill`` each prompt is prefilled once for its
   ``n`` samples (the HF rollout engine copies the KV cache), so the prefill
   covers ``ceil(b/n)`` prompts instead of ``b`` sequences.
+- with ``CostOptions.shared_prompt_min_saved`` the train engine's forward (log-probs,
+  values, update) runs each distinct prompt of a micro-batch once for its rows
+  (groups of ``samples`` consecutive rows), where that saves at least that many
+  prompt positions: a micro-batch of ``m`` rows then costs
+  ``ceil(m/samples)·prompt_len + m·(seq_len − prompt_len)`` tokens and two
+  backbone calls (twice the per-micro-batch overhead) instead of ``m·seq_len``.
 - memory: :mod:`hybridflow.compiler.memory`; collectives: :mod:`hybridflow.compiler.comm`.
 """
 from __future__ import annotations
@@ -91,6 +97,7 @@ class CostOptions(BaseModel):
     data_parallel_only: bool = Field(default=False, description="The engines that will run the plan shard models by data parallelism only (FSDP2, as hybridflow's runtime does today): layouts with tensor or pipeline parallelism are not candidates. Off for studies of the paper's systems.")
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
     shared_prefill: bool = Field(default=False, description="The rollout engine prefills each prompt once and copies its KV cache to the prompt's n samples (hybridflow's HF engine does); False: every sequence is prefilled.")
+    shared_prompt_min_saved: int | None = Field(default=None, ge=1, description="The train engine's forwards (log-probs, values, update) run each distinct prompt of a micro-batch once for its rows where that saves at least this many prompt positions (hybridflow's engines do: runtime.engines.shared_prompt.MIN_SAVED_POSITIONS); None: every row's prompt is run.")
     reuse_rollout_log_probs: bool = Field(default=False, description="A policy's logprob node is served from its rollout's log-probs where the rollout engine shares the train engine's module and precision (compiler pass 'reuse'); on only when both compute in fp32, which the compiler cannot see (the trainer turns it on for CPU runs).")
     rollout_engine: str = Field(default=DEFAULT_ROLLOUT_ENGINE, description="The rollout engine of the generating role (hf, vllm): generation time is scaled by its factor (hybridflow.compiler.rollout_engines) and the plan records it.")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
@@ -142,6 +149,8 @@ class Infer:
     """``passes`` forward passes over ``sequences`` sequences of ``seq_len`` tokens (log-probs or values).
 
     ``engine``: the training engine holding a trainable model's states (``fsdp`` or ``megatron``).
+    ``prompt_len`` / ``samples``: the first ``prompt_len`` of the ``seq_len`` tokens are a
+    prompt that comes ``samples`` times in a row (see ``CostOptions.shared_prompt_min_saved``).
     """
 
     kind: ClassVar[str] = "infer"
@@ -152,6 +161,8 @@ class Infer:
     seq_len: int
     passes: int = 1
     engine: str = DEFAULT_ENGINE
+    prompt_len: int = 0
+    samples: int = 1
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,10 @@ class Compute:
 
 @dataclass(frozen=True)
 class Update:
-    """``epochs`` passes of ``mini_batches`` optimizer steps each over ``sequences`` sequences of ``seq_len`` tokens, by ``engine``."""
+    """``epochs`` passes of ``mini_batches`` optimizer steps each over ``sequences`` sequences of ``seq_len`` tokens, by ``engine``.
+
+    ``prompt_len`` / ``samples``: as in :class:`Infer`.
+    """
 
     kind: ClassVar[str] = "update"
     model: ModelSpec
@@ -181,6 +195,8 @@ class Update:
     epochs: int = 1
     mini_batches: int = 1
     engine: str = DEFAULT_ENGINE
+    prompt_len: int = 0
+    samples: int = 1
 
 
 @dataclass(frozen=True)
@@ -283,6 +299,20 @@ def _forward_parts(model: ModelSpec, layout: Layout, tokens_per_micro: float, mi
     return tp, pp
 
 
+def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, o: CostOptions) -> tuple[float, int]:
+    """(fraction of a micro-batch's ``micro·seq_len`` tokens the backbone runs, backbone calls) under prompt sharing.
+
+    ``(1.0, 1)`` where the engine runs every row's prompt: sharing off, no repeated
+    prompt, or fewer than ``o.shared_prompt_min_saved`` prompt positions saved.
+    """
+    if o.shared_prompt_min_saved is None or samples < 2 or not 0 < prompt_len < seq_len or micro < 2:
+        return 1.0, 1
+    distinct = math.ceil(micro / samples)
+    if (micro - distinct) * prompt_len < o.shared_prompt_min_saved:
+        return 1.0, 1
+    return (distinct * prompt_len + micro * (seq_len - prompt_len)) / (micro * seq_len), 2
+
+
 def _zero3_time(model: ModelSpec, layout: Layout, collectives: int, c: ClusterSpec) -> float:
     """``collectives`` all-gathers / reduce-scatters of the bf16 tp·pp shard over the dp ranks (stride tp·pp)."""
     if layout.dp == 1:
@@ -297,11 +327,12 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     seqs = math.ceil(w.sequences / l.dp)
     micro = min(o.infer_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
-    compute = 2 * m.flop_params * seqs * w.seq_len / (l.model_parallel * c.peak_flops * c.mfu_infer)
+    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, o)
+    compute = 2 * m.flop_params * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_infer)
     bubble = compute * (l.pp - 1) / micro_batches
-    tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 2, 1, c)
-    dp = micro_batches * _zero3_time(m, l, 1, c) if w.trainable and shards_weights_over_dp(w.engine) else 0.0
-    overhead = micro_batches * c.forward_overhead_s
+    tp, pp = _forward_parts(m, l, micro * w.seq_len * share, micro_batches, 2, 1, c)
+    dp = micro_batches * _zero3_time(m, l, calls, c) if w.trainable and shards_weights_over_dp(w.engine) else 0.0
+    overhead = micro_batches * calls * c.forward_overhead_s
     once = max(compute, dp) + bubble + tp + pp + overhead
     peak = (mem.resident_bytes(m, l, w.trainable, w.engine) + mem.gathered_param_bytes(m, l, w.trainable, w.engine)
             + mem.forward_activation_bytes(m, l, w.seq_len, micro))
@@ -356,17 +387,18 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     seqs = math.ceil(w.sequences / (w.mini_batches * l.dp))
     micro = min(o.train_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
+    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, o)
     flops_per_token = (8 if o.activation_checkpointing else 6) * m.flop_params
-    compute = flops_per_token * seqs * w.seq_len / (l.model_parallel * c.peak_flops * c.mfu_train)
+    compute = flops_per_token * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_train)
     bubble = compute * (l.pp - 1) / micro_batches
-    tp, pp = _forward_parts(m, l, micro * w.seq_len, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
+    tp, pp = _forward_parts(m, l, micro * w.seq_len * share, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
     rule = _DP_RULES.get(w.engine)
     if rule is None:
         raise PlanError(f"update of {m.name}: unknown training engine {w.engine!r}; known: {', '.join(_DP_RULES)}")
     overlapped, exposed = rule(m, l, compute, micro_batches, flops_per_token, c, o)
     dp = overlapped + exposed
     adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
-    overhead = micro_batches * c.train_micro_batch_overhead_s + c.optimizer_step_overhead_s
+    overhead = micro_batches * calls * c.train_micro_batch_overhead_s + c.optimizer_step_overhead_s
     step = max(compute, overlapped) + exposed + bubble + tp + pp + adam + overhead
     peak = (mem.resident_bytes(m, l, True, w.engine) + mem.gathered_param_bytes(m, l, True, w.engine)
             + mem.train_activation_bytes(m, l, w.seq_len, micro, micro_batches, o.activation_checkpointing))

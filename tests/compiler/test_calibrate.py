@@ -132,6 +132,34 @@ def test_overheads_add_per_call_and_shared_prefill_prefills_prompts_once():
     assert prefill == pytest.approx(dict(estimate(gen, a100).parts)["prefill"] / 16)
 
 
+def test_shared_prompt_forward_costs_each_distinct_prompt_once_per_micro_batch():
+    """64 rows in groups of 16, 100 prompt + 28 response tokens, micro-batches of 16 (one group each):
+    the backbone runs 1 x 100 + 16 x 28 = 548 of 16 x 128 = 2048 positions per micro-batch, in two calls."""
+    cpu = CLUSTER_PRESETS["a100-80g"].model_copy(update={"forward_overhead_s": 0.01, "train_micro_batch_overhead_s": 0.02})
+    off, on = CostOptions(infer_micro_batch=16, train_micro_batch=16), CostOptions(
+        infer_micro_batch=16, train_micro_batch=16, shared_prompt_min_saved=64)
+    infer = Infer(TINY, ONE, False, 64, 128, prompt_len=100, samples=16)
+    joined, shared = dict(estimate(infer, cpu, off).parts), dict(estimate(infer, cpu, on).parts)
+    assert shared["compute"] == pytest.approx(joined["compute"] * 548 / 2048)
+    assert (joined["overhead"], shared["overhead"]) == (pytest.approx(4 * 0.01), pytest.approx(4 * 2 * 0.01))
+    update = Update(TINY, ONE, 64, 128, prompt_len=100, samples=16)
+    joined, shared = dict(estimate(update, cpu, off).parts), dict(estimate(update, cpu, on).parts)
+    assert shared["compute"] == pytest.approx(joined["compute"] * 548 / 2048)
+    assert shared["overhead"] == pytest.approx(4 * 2 * 0.02)
+    # not applied: distinct prompts, a saving under the threshold (15 x 4 = 60 < 64 positions), sharing off
+    for work, options in ((Infer(TINY, ONE, False, 64, 128, prompt_len=100, samples=1), on),
+                          (Infer(TINY, ONE, False, 64, 8, prompt_len=4, samples=16), on),
+                          (Update(TINY, ONE, 64, 128, prompt_len=100, samples=16), off)):
+        same = work.__class__(**{**work.__dict__, "prompt_len": 0})
+        assert estimate(work, cpu, options).time_s == pytest.approx(estimate(same, cpu, options).time_s)
+
+
+def test_engine_cost_options_share_prompts_as_the_engines_do():
+    from hybridflow.runtime.engines.shared_prompt import MIN_SAVED_POSITIONS
+
+    assert engine_cost_options(8, 8).shared_prompt_min_saved == MIN_SAVED_POSITIONS
+
+
 # ------------------------------------------------------------------ the cache
 def _model_dir(tmp_path, hidden=64):
     folder = tmp_path / f"model{hidden}"

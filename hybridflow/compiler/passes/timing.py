@@ -81,13 +81,23 @@ class PlanView:
     def nodes(self) -> dict[str, Node]:
         return {n.name: n for n in self.ctx.graph.nodes}
 
-    def sequences(self, node: Node) -> int:
-        """Sequences the node works on: prompts x n of the generate node it reads, else the workload's rollout."""
+    def _generate_read(self, node: Node) -> Node | None:
+        """The generate node ``node`` reads, if any."""
         for source in node.sources:
             producer = self.nodes.get(source)
             if producer is not None and producer.kind == "generate":
-                return self.ctx.batch.prompts * producer.attrs.n
-        return self.ctx.workload.generation.sequences
+                return producer
+        return None
+
+    def sequences(self, node: Node) -> int:
+        """Sequences the node works on: prompts x n of the generate node it reads, else the workload's rollout."""
+        producer = self._generate_read(node)
+        return self.ctx.workload.generation.sequences if producer is None else self.ctx.batch.prompts * producer.attrs.n
+
+    def samples(self, node: Node) -> int:
+        """Rows per distinct prompt in what the node reads: the n of the generate node it reads, else the workload's."""
+        producer = self._generate_read(node)
+        return self.ctx.workload.generation.samples if producer is None else producer.attrs.n
 
 
 def _model(view: PlanView, role: str):
@@ -110,10 +120,13 @@ def _forward(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
     sequences = view.sequences(node)
     if view.ctx.models.get(op.role) is None:  # a rule function: host-side, like controller math
         return estimate(Compute(sequences * seq_len), view.ctx.cluster, view.ctx.options)
-    record = Score if node.kind == "score" else Infer
     p = view.placements[op.role]
-    work = record(_model(view, op.role), layout_of(p.layout), view.trainable.get(op.role, False), sequences, seq_len,
-                  engine=p.train_engine)
+    model, layout, trainable = _model(view, op.role), layout_of(p.layout), view.trainable.get(op.role, False)
+    if node.kind == "score":  # a reward model runs every row whole
+        work = Score(model, layout, trainable, sequences, seq_len, engine=p.train_engine)
+    else:
+        work = Infer(model, layout, trainable, sequences, seq_len, engine=p.train_engine,
+                     prompt_len=view.ctx.batch.prompt_len, samples=view.samples(node))
     return estimate(work, view.ctx.cluster, view.ctx.options)
 
 
@@ -121,7 +134,8 @@ def _update(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
     batch = view.ctx.batch
     p = view.placements[op.role]
     work = Update(_model(view, op.role), layout_of(p.layout), view.sequences(node),
-                  batch.prompt_len + batch.response_len, batch.epochs, batch.mini_batches, engine=p.train_engine)
+                  batch.prompt_len + batch.response_len, batch.epochs, batch.mini_batches, engine=p.train_engine,
+                  prompt_len=batch.prompt_len, samples=view.samples(node))
     return estimate(work, view.ctx.cluster, view.ctx.options)
 
 

@@ -66,11 +66,13 @@ def role_estimate(role: RoleWork, layout: Layout, gen: GenerationWork, cluster: 
     times, peaks = [0.0] * len(STAGES), [0.0] * len(STAGES)
     records = []
     if role.infer_passes:
-        records.append((INFER, estimate(Infer(m, layout, role.trainable, seqs, seq_len, role.infer_passes, engine), cluster, options)))
+        records.append((INFER, estimate(Infer(m, layout, role.trainable, seqs, seq_len, role.infer_passes, engine,
+                                              gen.prompt_len, gen.samples), cluster, options)))
     if role.score_passes:
         records.append((INFER, estimate(Score(m, layout, role.trainable, seqs, seq_len, role.score_passes, engine), cluster, options)))
     if role.train_epochs:
-        records.append((TRAIN, estimate(Update(m, layout, seqs, seq_len, role.train_epochs, role.mini_batches, engine), cluster, options)))
+        records.append((TRAIN, estimate(Update(m, layout, seqs, seq_len, role.train_epochs, role.mini_batches, engine,
+                                               gen.prompt_len, gen.samples), cluster, options)))
     for stage, rec in records:
         times[stage] += rec.time_s
         peaks[stage] = max(peaks[stage], rec.peak_memory_bytes)
