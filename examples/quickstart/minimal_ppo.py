@@ -20,13 +20,14 @@ parser.add_argument("--steps", type=int, default=400, help="training steps (32 p
 parser.add_argument("--max-time", type=float, default=600, help="stop after this many seconds of training")
 args = parser.parse_args()
 
-# 1. the config: 32 prompts x 16 samples a step, one PPO update on all 512 responses, large LRs for a tiny model
+# 1. the config: 32 prompts x 16 samples a step, 4 PPO mini-batches of 128 responses, large LRs for a tiny model
 config = PPOConfig(
     max_steps=args.steps,
     max_time_s=args.max_time,
     num_threads=1,  # one thread is fastest for a tiny model, and steady on a busy machine
     rollout_batch_size=32,
     n_samples=16,
+    batch_size=128,  # 4 optimizer steps per step on the 512 responses: without them some seeds stall near chance
     max_response_length=3,  # the longest answer, "18", is two tokens, plus EOS
     actor_lr=2e-3,
     actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05},  # decays to 5% of 2e-3 over max_steps

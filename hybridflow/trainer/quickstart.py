@@ -14,7 +14,7 @@ from pathlib import Path
 __all__ = ["QUICKSTART", "add_arguments", "run"]
 
 QUICKSTART = dict(
-    max_steps=400, rollout_batch_size=32, n_samples=16, max_response_length=3, actor_lr=2e-3,
+    max_steps=400, rollout_batch_size=32, n_samples=16, batch_size=128, max_response_length=3, actor_lr=2e-3,
     actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05}, critic_lr=1e-2, adam_betas=(0.9, 0.9999),
     entropy_coef=0.02, kl_in_reward=False, kl_coef=0.1, kl_type="low_var_kl", eval_freq=20, val_samples=4,
     log_every=20,
@@ -24,7 +24,12 @@ QUICKSTART = dict(
 The KL to the reference as a loss (0.1, low-variance estimator) and the actor's cosine LR decay
 keep the policy from collapsing onto one answer after it first gets good: with a constant LR and
 the KL folded into the reward at 0.001, seed 0 reached 0.62 greedy accuracy at step 280 and fell
-back to 0.30 by step 400 (``tools/bench_learning.py`` measures the recipe over seeds)."""
+back to 0.30 by step 400 (``tools/bench_learning.py`` measures the recipe over seeds).
+
+``batch_size=128`` splits each step's 512 responses into 4 PPO mini-batches (4 optimizer steps on the
+same forward/backward work): with one update per step some seeds sat at chance (~0.08) for 200+ steps
+(seed 4: 0.04 -> 0.20 after 400 steps); with 4 mini-batches seeds 0-7 ended at 0.95, 0.90, 0.96, 0.96,
+0.79, 0.99, 0.86, 0.99 (400 steps, one thread)."""
 
 SAMPLE_PROMPTS = ("2+3=", "4+4=", "7+1=", "6+7=", "9+9=")
 
