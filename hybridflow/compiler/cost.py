@@ -57,7 +57,8 @@ bf16 FLOP/s; every rate is scaled by the cluster's efficiency factors):
   prompt positions: a micro-batch of ``m`` rows then costs
   ``ceil(m/samples)·prompt_len + m·(seq_len − prompt_len)`` tokens and two
   backbone calls (twice the per-micro-batch overhead) instead of ``m·seq_len``.
-- memory: :mod:`hybridflow.compiler.memory`; collectives: :mod:`hybridflow.compiler.comm`.
+- memory: :mod:`hybridflow.compiler.memory`; collectives: :mod:`hybridflow.compiler.comm`;
+  data-parallel communication per training engine: :mod:`hybridflow.compiler.dp_comm`.
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import PlanError
 from . import memory as mem
 from .cluster import ClusterSpec
-from .comm import all_gather_time, all_reduce_time, span_of_group
+from .comm import all_reduce_time
+from .dp_comm import DP_RULES, zero3_time
 from .layout import Layout
 from .models import ModelSpec
 from .engine import DEFAULT_ENGINE, shards_weights_over_dp
@@ -313,14 +315,6 @@ def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, o: C
     return (distinct * prompt_len + micro * (seq_len - prompt_len)) / (micro * seq_len), 2
 
 
-def _zero3_time(model: ModelSpec, layout: Layout, collectives: int, c: ClusterSpec) -> float:
-    """``collectives`` all-gathers / reduce-scatters of the bf16 tp·pp shard over the dp ranks (stride tp·pp)."""
-    if layout.dp == 1:
-        return 0.0
-    span = span_of_group(layout.dp, layout.model_parallel)
-    return collectives * all_gather_time(2 * model.params / layout.model_parallel, layout.dp, span, c)
-
-
 def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     """Forward passes: max(2·N·tokens/(t·p·peak·mfu_infer), ZeRO-3 gathers) + bubble + TP/PP comm + micro-batches x forward_overhead_s."""
     m, l = w.model, w.layout
@@ -331,7 +325,7 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     compute = 2 * m.flop_params * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_infer)
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * w.seq_len * share, micro_batches, 2, 1, c)
-    dp = micro_batches * _zero3_time(m, l, calls, c) if w.trainable and shards_weights_over_dp(w.engine) else 0.0
+    dp = micro_batches * zero3_time(m, l, calls, c) if w.trainable and shards_weights_over_dp(w.engine) else 0.0
     overhead = micro_batches * calls * c.forward_overhead_s
     once = max(compute, dp) + bubble + tp + pp + overhead
     peak = (mem.resident_bytes(m, l, w.trainable, w.engine) + mem.gathered_param_bytes(m, l, w.trainable, w.engine)
@@ -339,41 +333,6 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     return CostRecord(w.kind, w.passes * once, peak,
                       (("compute", w.passes * compute), ("dp_comm", w.passes * dp), ("bubble", w.passes * bubble),
                        ("tp_comm", w.passes * tp), ("pp_comm", w.passes * pp), ("overhead", w.passes * overhead)))
-
-
-def _zero3_update_dp(m: ModelSpec, l: Layout, compute: float, micro_batches: int, flops_per_token: float,
-                     c: ClusterSpec, o: CostOptions) -> tuple[float, float]:
-    """fsdp, per optimizer step: (overlapped, exposed) = (3 collectives per micro-batch, 0)."""
-    return micro_batches * _zero3_time(m, l, 3, c), 0.0
-
-
-def _distributed_optimizer_dp(m: ModelSpec, l: Layout, compute: float, micro_batches: int, flops_per_token: float,
-                              c: ClusterSpec, o: CostOptions) -> tuple[float, float]:
-    """megatron, per optimizer step: (0, exposed), exposed = max(0, T_rs − T_backward_last) + T_ag.
-
-    T_rs: ring reduce-scatter of the fp32 gradient buffer (4·P/mp bytes) over
-    the dp ranks (stride t·p); T_ag: ring all-gather of the bf16 weights
-    (2·P/mp bytes); T_backward_last: the backward (with its recomputed
-    forward) of the last micro-batch, (flops_per_token − 2·N)/flops_per_token
-    of that micro-batch's compute, 0 without ``o.overlap_grad_reduce``.
-    """
-    if l.dp == 1:
-        return 0.0, 0.0
-    span = span_of_group(l.dp, l.model_parallel)
-    shard = m.params / l.model_parallel
-    reduce_scatter = all_gather_time(4 * shard, l.dp, span, c)
-    all_gather = all_gather_time(mem.PARAM_BYTES * shard, l.dp, span, c)
-    last_backward = compute / micro_batches * (flops_per_token - 2 * m.flop_params) / flops_per_token
-    if not o.overlap_grad_reduce:
-        last_backward = 0.0
-    return 0.0, max(0.0, reduce_scatter - last_backward) + all_gather
-
-
-_DP_RULES: dict[str, Callable[..., tuple[float, float]]] = {
-    "fsdp": _zero3_update_dp,
-    "megatron": _distributed_optimizer_dp,
-}
-"""Data-parallel communication of one optimizer step per training engine: (time overlapped with compute, time exposed)."""
 
 
 def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
@@ -392,9 +351,9 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     compute = flops_per_token * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_train)
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * w.seq_len * share, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
-    rule = _DP_RULES.get(w.engine)
+    rule = DP_RULES.get(w.engine)
     if rule is None:
-        raise PlanError(f"update of {m.name}: unknown training engine {w.engine!r}; known: {', '.join(_DP_RULES)}")
+        raise PlanError(f"update of {m.name}: unknown training engine {w.engine!r}; known: {', '.join(DP_RULES)}")
     overlapped, exposed = rule(m, l, compute, micro_batches, flops_per_token, c, o)
     dp = overlapped + exposed
     adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
