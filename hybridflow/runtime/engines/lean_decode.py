@@ -41,6 +41,9 @@ __all__ = ["LEAN_MODEL_TYPES", "LeanStepper", "lean_stepper", "supports_lean"]
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layers have the structure driven here."""
 
+_POSITION_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
+"""Rotary types whose tables change with the sequence length a forward sees (the lean path computes them once)."""
+
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
 
@@ -55,6 +58,9 @@ def supports_lean(model: torch.nn.Module) -> bool:
         return False  # sliding-window layers
     if getattr(config, "use_sliding_window", False) or getattr(config, "pretraining_tp", 1) not in (None, 1):
         return False
+    if getattr(getattr(model, "model", None), "rotary_emb", None) is not None and \
+            getattr(model.model.rotary_emb, "rope_type", "default") in _POSITION_DEPENDENT_ROPE:
+        return False  # its frequencies depend on the longest position of a call: only the model's own loop matches
     if _has_hooks(model):
         return False  # a hook changes what the model's forward computes: only the forward itself is exact
     backbone = getattr(model, "model", None)
@@ -119,10 +125,12 @@ class LeanStepper:
         self.keys = [weight.new_empty(shape) for _ in self.layers]
         self.values = [weight.new_empty(shape) for _ in self.layers]
         prompt_positions = position_ids_from_mask(mask)
-        positions = prompt_positions[rows, -1:] + 1 + torch.arange(max(steps, 1), device=mask.device)
-        probe = self.embed[:1, None].expand(b * n, -1, -1)
-        self.cos, self.sin = _rotary_tables(*backbone.rotary_emb(probe, positions))
-        prompt_cos, prompt_sin = _rotary_tables(*backbone.rotary_emb(probe[:b], prompt_positions))
+        later = prompt_positions[:, -1:] + 1 + torch.arange(max(steps, 1), device=mask.device)
+        # one call for the prompt's positions and the decoded ones (element-wise: the same numbers)
+        cos, sin = _rotary_tables(*backbone.rotary_emb(self.embed[:1, None].expand(b, -1, -1),
+                                                       torch.cat([prompt_positions, later], dim=-1)))
+        prompt_cos, prompt_sin = cos[:, :, :p], sin[:, :, :p]
+        self.cos, self.sin = cos[rows, :, p:], sin[rows, :, p:]
         # Prefill: a query attends to the valid keys up to itself; a padding query (nothing valid
         # before it) to every key up to itself, so that its state stays finite. No later query
         # attends to a padding key, so what padding positions hold changes nothing.

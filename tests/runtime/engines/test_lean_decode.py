@@ -213,3 +213,9 @@ def test_the_fused_weights_follow_an_optimizer_step_and_a_weight_load():
     ref2, lean2 = _both(model, ids, mask, params, seed=1)
     _assert_same(ref2, lean2)
     assert (lean2.log_probs - lean.log_probs).abs().max() > 1e-3
+
+
+def test_rotary_whose_frequencies_follow_the_sequence_length_is_not_driven():
+    model = _model("llama")
+    model.model.rotary_emb.rope_type = "dynamic"
+    assert not supports_lean(model)
