@@ -245,6 +245,7 @@ def speed(args) -> dict:
                      group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
                      max_new_tokens=args.new_tokens)
     steps: dict[str, list[dict]] = {side: [] for side in sides}
+    per_round: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}  # (CPU s/step, load average)
     rss: dict[str, float] = {side: 0.0 for side in sides}
     with tempfile.TemporaryDirectory(dir=out) as scratch:
         for r in range(args.rounds):
@@ -252,14 +253,20 @@ def speed(args) -> dict:
                 print(f"round {r + 1}: {side} ...", flush=True)
                 record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True)
                 steps[side] += record["steps"][args.skip:]
+                per_round[side].append((statistics.median(s.get("cpu_s", s["time_s"]) for s in record["steps"][args.skip:]),
+                                        os.getloadavg()[0]))
                 rss[side] = max(rss[side], record["peak_rss_mb"])
     result = speed_figures(steps, args.prompts * args.group)
     for side in sides:
-        result[side]["peak_rss_mb"] = rss[side]
+        result[side].update(peak_rss_mb=rss[side], cpu_s_per_round=[c for c, _ in per_round[side]],
+                            load_per_round=[l for _, l in per_round[side]])
     print(f"\n{args.size} model, {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, {args.threads} "
           f"thread(s), lr {args.lr:g}, {args.rounds} rounds of {args.steps} steps "
           f"(first {args.skip} of each left out); load average {os.getloadavg()[0]:.1f}")
     print_speed(result)
+    print("  CPU s/step of each round (load average after it): a round far from its side's others was disturbed")
+    for side, r in result.items():
+        print(f"  {side:18}" + "  ".join(f"{c:.4f} ({l:.1f})" for c, l in zip(r["cpu_s_per_round"], r["load_per_round"])))
     (out / f"speed_{args.size}_{args.new_tokens}.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
                                                indent=1))
     return result
