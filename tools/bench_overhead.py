@@ -45,7 +45,7 @@ import time
 import torch
 from transformers.cache_utils import DynamicCache
 
-from hybridflow.runtime.engines.shared_prompt import MIN_SAVED_POSITIONS  # when the train engine shares prompts
+from hybridflow.runtime.engines.shared_prompt import min_saved_positions  # when the train engine shares prompts
 
 
 # ----------------------------------------------------------------------------- the hand-written step
@@ -139,7 +139,7 @@ class HandGRPO:
             attn_r = rm_k.flip(-1).cummax(-1).values.flip(-1).long()
             attn = torch.cat([mask_k, attn_r[:, :-1]], -1)
             groups = len((torch.arange(len(keep)) // self.n)[keep].unique())
-            if self.shared_prompts and (len(ids_k) - groups) * P >= MIN_SAVED_POSITIONS:  # hybridflow's rule
+            if self.shared_prompts and (len(ids_k) - groups) * P >= min_saved_positions(self.model.config.hidden_size):
                 hidden = self._shared_hidden(ids, mask, keep, resp_k, attn)
             else:
                 full = torch.cat([ids_k, resp_k[:, :-1]], -1)

@@ -3,6 +3,8 @@
     python tools/bench_rollout_decode.py                           # the tiny model, 8 prompts x 8, 8 new tokens
     python tools/bench_rollout_decode.py --size 10m --new-tokens 64
     python tools/bench_rollout_decode.py --json
+    git show main:hybridflow/runtime/engines/lean_decode.py > /tmp/lean_before.py
+    python tools/bench_rollout_decode.py --against /tmp/lean_before.py   # a change to the lean path, before/after
 
 One model (hybridflow.data.tiny, random weights, ``--arch``), one batch of left-padded
 prompts of mixed lengths, ``n`` samples each, no stop at EOS (every row decodes all
@@ -12,6 +14,10 @@ prompts of mixed lengths, ``n`` samples each, no stop at EOS (every row decodes 
 and times each on the wall clock and in process CPU time (the figure to read on a
 busy machine, see tools/bench_overhead.py). Printed: median ms per call of each path, the median per-round ratio
 ``hf / lean`` and per-token figures.
+
+``--against FILE`` times another version of ``hybridflow/runtime/engines/lean_decode.py`` (a copy
+of the file, e.g. from ``git show``) as the ``hf`` side instead, both through ``path="lean"``, and
+checks that tokens *and* log-probs are equal to the bit: before/after figures of a lean-path change.
 """
 from __future__ import annotations
 
@@ -37,6 +43,16 @@ def setup(args):
     return model, ids * mask, mask
 
 
+def load_lean_version(path: str):
+    """``lean_stepper`` of a copy of lean_decode.py at ``path`` (imported as a sibling module, for its relative imports)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hybridflow.runtime.engines._lean_against", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.lean_stepper
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -50,10 +66,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--against", metavar="FILE", help="a lean_decode.py version timed in place of the hf path")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from hybridflow.runtime.engines import decode as decode_module
     from hybridflow.runtime.engines.decode import decode
     from hybridflow.runtime.engines.sampling import SamplingParams
+
+    steppers = {"lean": decode_module.lean_stepper}
+    if args.against:
+        steppers["hf"] = load_lean_version(args.against)
 
     model, ids, mask = setup(args)
     params = SamplingParams(n=args.group, max_new_tokens=args.new_tokens, stop_at_eos=False)
@@ -64,15 +86,21 @@ def main(argv=None) -> dict:
         outs = {}
         for path in (("hf", "lean") if r % 2 == 0 else ("lean", "hf")):
             gen = torch.Generator().manual_seed(r)
+            if args.against:
+                decode_module.lean_stepper = steppers[path]
             start, start_cpu = time.perf_counter(), time.process_time()
-            outs[path] = decode(model, ids, mask, params, eos_token_ids=[2], pad_token_id=0, generator=gen, path=path)
+            outs[path] = decode(model, ids, mask, params, eos_token_ids=[2], pad_token_id=0, generator=gen,
+                                path="lean" if args.against else path)
             if r >= 2:  # two warm-up rounds
                 times[path].append(time.perf_counter() - start)
                 cpu[path].append(time.process_time() - start_cpu)
         same &= torch.equal(outs["hf"].response_ids, outs["lean"].response_ids)
+        if args.against:
+            same &= torch.equal(outs["hf"].log_probs, outs["lean"].log_probs)
     params_count = sum(p.numel() for p in model.parameters())
     result = {"size": args.size, "arch": args.arch, "parameters": params_count, "rows": args.prompts * args.group,
-              "new_tokens": args.new_tokens, "threads": args.threads, "rounds": args.rounds, "same_tokens": bool(same)}
+              "new_tokens": args.new_tokens, "threads": args.threads, "rounds": args.rounds, "same_tokens": bool(same),
+              "against": args.against}
     for clock, t in (("wall", times), ("cpu", cpu)):
         result[clock] = {"hf_ms": round(1e3 * statistics.median(t["hf"]), 2),
                          "lean_ms": round(1e3 * statistics.median(t["lean"]), 2),
@@ -82,11 +110,12 @@ def main(argv=None) -> dict:
         return result
     print(f"decode, {args.arch} {args.size} ({params_count / 1e6:.2f}M parameters), {args.prompts} prompts x {args.group}, "
           f"{args.new_tokens} new tokens, {args.threads} thread(s), {args.rounds} interleaved rounds")
+    before = f"lean path of {args.against}" if args.against else "transformers path"
     for clock in ("cpu", "wall"):
         c = result[clock]
-        print(f"  {clock:4} transformers path {c['hf_ms']:.2f} ms, lean path {c['lean_ms']:.2f} ms per call "
+        print(f"  {clock:4} {before} {c['hf_ms']:.2f} ms, lean path {c['lean_ms']:.2f} ms per call "
               f"-> {c['speedup']:.2f}x (median of per-round ratios)")
-    print(f"  same tokens on every round: {same}")
+    print(f"  same tokens{' and log-probs (bitwise)' if args.against else ''} on every round: {same}")
     return result
 
 

@@ -38,8 +38,15 @@ rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skippin
 off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
 out) on the wall clock and in process CPU time (with one thread the figure to read on a busy
 machine: what the step computed, not the time the scheduler gave to others), the mean response
-length (equal on both sides when both sample the same amount; each stops at EOS), response
-tokens per second, peak RSS of the run's process, and ratios to TRL.
+length (each side stops a row at EOS), response tokens per second, process CPU microseconds per
+generated response token, peak RSS of the run's process, and ratios to TRL (wall, CPU, CPU per token).
+
+Equal work: the two sides sample different responses, and once they train their response lengths
+drift apart (the step's cost grows with them), so at the default learning rate the per-step ratio
+mixes speed with what each side happened to learn. ``--lr 0`` keeps both models at the folder's
+weights: every step then samples from the same distribution on both sides (mean response lengths
+agree up to sampling noise, e.g. 2.44 vs 2.41 tokens on tiny at 8 x 8) and s/step compares equal work;
+the CPU-per-token column is the comparison to read at a nonzero rate.
 
 Replay mode (``replay``): one hybridflow run recorded step by step (batch, weights,
 gradient), then TRL's loss on each recorded batch at the recorded weights (relative
@@ -237,38 +244,67 @@ def speed(args) -> dict:
     base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
                      group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
                      max_new_tokens=args.new_tokens)
-    times: dict[str, list[float]] = {side: [] for side in sides}
-    cpu: dict[str, list[float]] = {side: [] for side in sides}
-    lengths: dict[str, list[float]] = {side: [] for side in sides}
-    tokens: dict[str, list[float]] = {side: [] for side in sides}
+    steps: dict[str, list[dict]] = {side: [] for side in sides}
+    per_round: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}  # (CPU s/step, load average)
     rss: dict[str, float] = {side: 0.0 for side in sides}
     with tempfile.TemporaryDirectory(dir=out) as scratch:
         for r in range(args.rounds):
             for side, (python, runner, variant) in sides.items():
                 print(f"round {r + 1}: {side} ...", flush=True)
                 record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True)
-                steps = record["steps"][args.skip:]
-                times[side] += [s["time_s"] for s in steps]
-                cpu[side] += [s.get("cpu_s", s["time_s"]) for s in steps]
-                lengths[side] += [s["response_length"] for s in steps]
-                tokens[side] += [args.prompts * args.group * s["response_length"] / s["time_s"] for s in steps]
+                steps[side] += record["steps"][args.skip:]
+                per_round[side].append((statistics.median(s.get("cpu_s", s["time_s"]) for s in record["steps"][args.skip:]),
+                                        os.getloadavg()[0]))
                 rss[side] = max(rss[side], record["peak_rss_mb"])
-    result = {side: {"s_per_step": statistics.median(times[side]), "cpu_s_per_step": statistics.median(cpu[side]),
-                     "response_length": statistics.mean(lengths[side]), "tokens_per_s": statistics.median(tokens[side]),
-                     "peak_rss_mb": rss[side]} for side in sides}
-    ref = result["trl"]
+    result = speed_figures(steps, args.prompts * args.group)
+    for side in sides:
+        result[side].update(peak_rss_mb=rss[side], cpu_s_per_round=[c for c, _ in per_round[side]],
+                            load_per_round=[l for _, l in per_round[side]])
     print(f"\n{args.size} model, {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, {args.threads} "
-          f"thread(s), {args.rounds} rounds of {args.steps} steps "
+          f"thread(s), lr {args.lr:g}, {args.rounds} rounds of {args.steps} steps "
           f"(first {args.skip} of each left out); load average {os.getloadavg()[0]:.1f}")
-    print(f"  {'':18}{'s/step':>9}{'CPU s/step':>12}{'resp len':>10}{'tokens/s':>10}{'peak RSS MB':>13}"
-          f"{'vs TRL (wall)':>15}{'(CPU)':>8}")
+    print_speed(result)
+    print("  CPU s/step of each round (load average after it): a round far from its side's others was disturbed")
     for side, r in result.items():
-        print(f"  {side:18}{r['s_per_step']:9.3f}{r['cpu_s_per_step']:12.3f}{r['response_length']:10.2f}"
-              f"{r['tokens_per_s']:10.0f}{r['peak_rss_mb']:13.0f}{ref['s_per_step'] / r['s_per_step']:14.2f}x"
-              f"{ref['cpu_s_per_step'] / r['cpu_s_per_step']:7.2f}x")
+        print(f"  {side:18}" + "  ".join(f"{c:.4f} ({l:.1f})" for c, l in zip(r["cpu_s_per_round"], r["load_per_round"])))
     (out / f"speed_{args.size}_{args.new_tokens}.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
                                                indent=1))
     return result
+
+
+def speed_figures(steps: dict[str, list[dict]], rows: int) -> dict[str, dict]:
+    """Per side, medians over its step records (``time_s``, ``cpu_s``, ``response_length``: mean tokens of a row).
+
+    ``cpu_us_per_token``: the median over steps of ``cpu_s / (rows * response_length)``, CPU
+    microseconds per generated response token (EOS included): the sides' cost at equal work when,
+    once they train, they sample responses of different lengths. ``vs_trl*``: TRL's figure over the side's.
+    """
+    result = {}
+    for side, records in steps.items():
+        cpu = [s.get("cpu_s", s["time_s"]) for s in records]
+        result[side] = {"s_per_step": statistics.median(s["time_s"] for s in records),
+                        "cpu_s_per_step": statistics.median(cpu),
+                        "response_length": statistics.mean(s["response_length"] for s in records),
+                        "tokens_per_s": statistics.median(rows * s["response_length"] / s["time_s"] for s in records),
+                        "cpu_us_per_token": statistics.median(1e6 * c / (rows * s["response_length"])
+                                                              for c, s in zip(cpu, records))}
+    ref = result.get("trl")
+    for r in result.values():
+        if ref is not None:
+            r.update(vs_trl=ref["s_per_step"] / r["s_per_step"], vs_trl_cpu=ref["cpu_s_per_step"] / r["cpu_s_per_step"],
+                     vs_trl_per_token=ref["cpu_us_per_token"] / r["cpu_us_per_token"])
+    return result
+
+
+def print_speed(result: dict[str, dict]) -> None:
+    """The speed table: one row per side (TRL's ratios need a ``trl`` side)."""
+    print(f"  {'':18}{'s/step':>9}{'CPU s/step':>12}{'resp len':>10}{'tokens/s':>10}{'CPU us/tok':>12}"
+          f"{'peak RSS MB':>13}{'vs TRL (wall)':>15}{'(CPU)':>8}{'(CPU/tok)':>11}")
+    for side, r in result.items():
+        print(f"  {side:18}{r['s_per_step']:9.3f}{r['cpu_s_per_step']:12.3f}{r['response_length']:10.2f}"
+              f"{r['tokens_per_s']:10.0f}{r['cpu_us_per_token']:12.1f}{r.get('peak_rss_mb', 0):13.0f}"
+              f"{r.get('vs_trl', float('nan')):14.2f}x{r.get('vs_trl_cpu', float('nan')):7.2f}x"
+              f"{r.get('vs_trl_per_token', float('nan')):10.2f}x")
 
 
 # ----------------------------------------------------------------------------- replay mode

@@ -99,7 +99,7 @@ class CostOptions(BaseModel):
     data_parallel_only: bool = Field(default=False, description="The engines that will run the plan shard models by data parallelism only (FSDP2, as hybridflow's runtime does today): layouts with tensor or pipeline parallelism are not candidates. Off for studies of the paper's systems.")
     controller_bytes_per_token: float = Field(default=64.0, ge=0, description="Bytes the controller reads and writes per token in a compute node (a few fp32 fields, read and written).")
     shared_prefill: bool = Field(default=False, description="The rollout engine prefills each prompt once and copies its KV cache to the prompt's n samples (hybridflow's HF engine does); False: every sequence is prefilled.")
-    shared_prompt_min_saved: int | None = Field(default=None, ge=1, description="The train engine's forwards (log-probs, values, update) run each distinct prompt of a micro-batch once for its rows where that saves at least this many prompt positions (hybridflow's engines do: runtime.engines.shared_prompt.MIN_SAVED_POSITIONS); None: every row's prompt is run.")
+    shared_prompt_min_saved: int | None = Field(default=None, ge=1, description="The train engine's forwards (log-probs, values, update) run each distinct prompt of a micro-batch once for its rows where that saves at least this many prompt positions in a model of width 256, this x 256 / hidden in others (hybridflow's engines do: runtime.engines.shared_prompt.MIN_SAVED_POSITIONS, min_saved_positions); None: every row's prompt is run.")
     reuse_rollout_log_probs: bool = Field(default=False, description="A policy's logprob node is served from its rollout's log-probs where the rollout engine shares the train engine's module and precision (compiler pass 'reuse'); on only when both compute in fp32, which the compiler cannot see (the trainer turns it on for CPU runs).")
     rollout_engine: str = Field(default=DEFAULT_ROLLOUT_ENGINE, description="The rollout engine of the generating role (hf, vllm): generation time is scaled by its factor (hybridflow.compiler.rollout_engines) and the plan records it.")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
@@ -301,16 +301,18 @@ def _forward_parts(model: ModelSpec, layout: Layout, tokens_per_micro: float, mi
     return tp, pp
 
 
-def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, o: CostOptions) -> tuple[float, int]:
+def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, hidden: int,
+                   o: CostOptions) -> tuple[float, int]:
     """(fraction of a micro-batch's ``micro·seq_len`` tokens the backbone runs, backbone calls) under prompt sharing.
 
     ``(1.0, 1)`` where the engine runs every row's prompt: sharing off, no repeated
-    prompt, or fewer than ``o.shared_prompt_min_saved`` prompt positions saved.
+    prompt, or fewer than ``ceil(o.shared_prompt_min_saved · 256 / hidden)`` prompt positions
+    saved (the engine's rule, runtime.engines.shared_prompt.min_saved_positions).
     """
     if o.shared_prompt_min_saved is None or samples < 2 or not 0 < prompt_len < seq_len or micro < 2:
         return 1.0, 1
     distinct = math.ceil(micro / samples)
-    if (micro - distinct) * prompt_len < o.shared_prompt_min_saved:
+    if (micro - distinct) * prompt_len < -(-o.shared_prompt_min_saved * 256 // hidden):
         return 1.0, 1
     return (distinct * prompt_len + micro * (seq_len - prompt_len)) / (micro * seq_len), 2
 
@@ -321,7 +323,7 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     seqs = math.ceil(w.sequences / l.dp)
     micro = min(o.infer_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
-    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, o)
+    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, m.hidden, o)
     compute = 2 * m.flop_params * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_infer)
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * w.seq_len * share, micro_batches, 2, 1, c)
@@ -346,7 +348,7 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     seqs = math.ceil(w.sequences / (w.mini_batches * l.dp))
     micro = min(o.train_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
-    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, o)
+    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, m.hidden, o)
     flops_per_token = (8 if o.activation_checkpointing else 6) * m.flop_params
     compute = flops_per_token * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_train)
     bubble = compute * (l.pp - 1) / micro_batches

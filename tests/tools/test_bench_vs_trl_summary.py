@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 
@@ -39,3 +40,25 @@ def test_paired_difference_and_standard_errors(bench, capsys):
 def test_standard_error_of_one_value_is_nan(bench):
     assert bench._sem([0.3]) != bench._sem([0.3])
     assert bench._sem([1.0, 3.0]) == pytest.approx(1.0)  # stdev sqrt(2), over sqrt(2)
+
+
+def test_speed_figures_per_response_token(bench, capsys):
+    # 4 rows per step. ours: steps of 0.02 CPU s at mean length 2.5 (10 tokens -> 2000 us/token) and
+    # 0.03 s at 2.0 (8 tokens -> 3750 us/token): medians 0.025 s/step, 2875 us/token.
+    # trl: 0.06 s at 3.0 (12 tokens -> 5000 us/token) twice: 0.06 s/step, 5000 us/token.
+    # ratios: CPU per step 0.06 / 0.025 = 2.4, per token 5000 / 2875 = 1.739 (TRL sampled longer).
+    steps = {"hybridflow": [{"time_s": 0.04, "cpu_s": 0.02, "response_length": 2.5},
+                            {"time_s": 0.05, "cpu_s": 0.03, "response_length": 2.0}],
+             "trl": [{"time_s": 0.08, "cpu_s": 0.06, "response_length": 3.0}] * 2}
+    result = bench.speed_figures(steps, rows=4)
+    ours, trl = result["hybridflow"], result["trl"]
+    assert ours["cpu_s_per_step"] == pytest.approx(0.025)
+    assert ours["cpu_us_per_token"] == pytest.approx(2875.0)
+    assert trl["cpu_us_per_token"] == pytest.approx(5000.0)
+    assert ours["vs_trl_cpu"] == pytest.approx(2.4)
+    assert ours["vs_trl_per_token"] == pytest.approx(5000 / 2875)
+    assert ours["vs_trl"] == pytest.approx(0.08 / 0.045)
+    assert ours["tokens_per_s"] == pytest.approx(statistics.median([4 * 2.5 / 0.04, 4 * 2.0 / 0.05]))
+    bench.print_speed(result)
+    row = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("hybridflow"))
+    assert row.split()[5] == "2875.0" and row.split()[-1] == "1.74x"

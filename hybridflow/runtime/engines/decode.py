@@ -132,14 +132,15 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
     done = torch.zeros(b, dtype=torch.bool, device=device)
     for t in range(steps):
         step_log_probs = scaled_log_probs(logits, params.temperature)
-        token = choose_tokens(step_log_probs, params, generator)
-        token = torch.where(done, torch.full_like(token, pad_token_id), token)
-        mask[:, t] = (~done).float()
-        log_probs[:, t] = torch.where(done, 0.0, step_log_probs.gather(-1, token[:, None]).squeeze(-1))
+        token = choose_tokens(step_log_probs, params, generator).masked_fill_(done, pad_token_id)
+        alive = ~done
+        mask[:, t] = alive
+        log_probs[:, t] = step_log_probs.gather(-1, token[:, None]).squeeze(-1).masked_fill_(done, 0.0)
         tokens[:, t] = token
         if params.stop_at_eos:
             done = done | torch.isin(token, stops)
-        if t == steps - 1 or bool(done.all()):
+            alive = ~done
+        if t == steps - 1 or not bool(alive.any()):
             break
-        logits = stepper.step(t, token, ~done)
+        logits = stepper.step(t, token, alive)
     return Decoded(tokens, mask, log_probs)

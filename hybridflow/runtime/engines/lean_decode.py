@@ -14,12 +14,15 @@ same arithmetic on the model's own weights and submodules with none of that:
   position at a time);
 - the attention mask is one preallocated bool buffer ``(B, P + R)``; step ``t``
   writes column ``P + t`` and attends to the first ``P + t + 1`` columns;
-- each layer: the model's ``input_layernorm`` (RMSNorm, the same operations inlined),
-  ``q/k/v_proj``, its module's own
-  ``apply_rotary_pos_emb``, a write into the buffers, scaled dot-product attention
-  over them (grouped-query heads shared, ``scale = head_dim^-0.5`` as the module
-  has it), ``o_proj``, residual, ``post_attention_layernorm``, ``mlp``, residual;
-  then the model's final ``norm`` and ``lm_head``.
+- each layer: the model's ``input_layernorm`` (RMSNorm, the same operations inlined;
+  no float32 casts when the model runs in float32), ``q/k/v_proj`` as one matmul on their
+  concatenated weights, the Llama rotary embedding on q and k together, a write into the
+  buffers, scaled dot-product attention over them (grouped-query heads shared,
+  ``scale = head_dim^-0.5`` as the module has it), ``o_proj``, residual,
+  ``post_attention_layernorm``, the gated MLP with ``gate/up_proj`` as one matmul, residual;
+  then the model's final ``norm`` and ``lm_head``. The concatenated weights are built when a
+  stepper is made (once per decode call), so every call decodes with the weights the model
+  has then.
 
 So the numbers are the model's up to float summation order (the reference test
 compares tokens and log-probs with the transformers loop). Models it does not
@@ -27,8 +30,6 @@ cover (other architectures, sliding-window layers, logit scaling, forward hooks)
 transformers loop.
 """
 from __future__ import annotations
-
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ __all__ = ["LEAN_MODEL_TYPES", "LeanStepper", "lean_stepper", "supports_lean"]
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layers have the structure driven here."""
+
+_POSITION_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
+"""Rotary types whose tables change with the sequence length a forward sees (the lean path computes them once)."""
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
@@ -54,6 +58,9 @@ def supports_lean(model: torch.nn.Module) -> bool:
         return False  # sliding-window layers
     if getattr(config, "use_sliding_window", False) or getattr(config, "pretraining_tp", 1) not in (None, 1):
         return False
+    if getattr(getattr(model, "model", None), "rotary_emb", None) is not None and \
+            getattr(model.model.rotary_emb, "rope_type", "default") in _POSITION_DEPENDENT_ROPE:
+        return False  # its frequencies depend on the longest position of a call: only the model's own loop matches
     if _has_hooks(model):
         return False  # a hook changes what the model's forward computes: only the forward itself is exact
     backbone = getattr(model, "model", None)
@@ -94,15 +101,19 @@ class LeanStepper:
         backbone = model.model
         self.layers = backbone.layers
         self.embed = backbone.embed_tokens.weight
-        self.rotary = sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
         attention = self.layers[0].self_attn
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
-        self.plan = [(_norm(layer.input_layernorm), _linear(layer.self_attn.q_proj), _linear(layer.self_attn.k_proj),
-                      _linear(layer.self_attn.v_proj), _linear(layer.self_attn.o_proj),
-                      _norm(layer.post_attention_layernorm), _mlp(layer.mlp)) for layer in self.layers]
+        config = attention.config
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.gqa = self.heads != self.kv_heads
+        # the weights are read (and the fused ones concatenated) here, once per decode call: a call made
+        # after an optimizer step sees the new weights
+        self.plan = [(_norm(layer.input_layernorm), _fused(layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                      _linear(layer.self_attn.o_proj), _norm(layer.post_attention_layernorm), _mlp(layer.mlp))
+                     for layer in self.layers]
         self.final_norm, self.lm_head = _norm(backbone.norm), _linear(model.lm_head)
-        self.gqa = attention.config.num_attention_heads != attention.config.num_key_value_heads
-        kv_width = attention.config.num_key_value_heads * self.head_dim
+        weight = self.embed
+        self.cast = weight.dtype != torch.float32  # RMSNorm computes in float32: no casts when the model runs in it
 
         mask = prompt_mask.bool()
         b, p = mask.shape
@@ -110,15 +121,16 @@ class LeanStepper:
         self.prompt_len, total = p, p + steps
         self.valid = torch.zeros((b * n, total), dtype=torch.bool, device=mask.device)
         self.valid[:, :p] = mask[rows]
-        weight = self.plan[0][2][0]
-        shape = (b * n, kv_width // self.head_dim, total, self.head_dim)
+        shape = (b * n, self.kv_heads, total, self.head_dim)
         self.keys = [weight.new_empty(shape) for _ in self.layers]
         self.values = [weight.new_empty(shape) for _ in self.layers]
         prompt_positions = position_ids_from_mask(mask)
-        positions = prompt_positions[rows, -1:] + 1 + torch.arange(max(steps, 1), device=mask.device)
-        probe = self.embed[:1, None].expand(b * n, -1, -1)
-        self.cos, self.sin = backbone.rotary_emb(probe, positions)
-        prompt_cos, prompt_sin = backbone.rotary_emb(probe[:b], prompt_positions)
+        later = prompt_positions[:, -1:] + 1 + torch.arange(max(steps, 1), device=mask.device)
+        # one call for the prompt's positions and the decoded ones (element-wise: the same numbers)
+        cos, sin = _rotary_tables(*backbone.rotary_emb(self.embed[:1, None].expand(b, -1, -1),
+                                                       torch.cat([prompt_positions, later], dim=-1)))
+        prompt_cos, prompt_sin = cos[:, :, :p], sin[:, :, :p]
+        self.cos, self.sin = cos[rows, :, p:], sin[rows, :, p:]
         # Prefill: a query attends to the valid keys up to itself; a padding query (nothing valid
         # before it) to every key up to itself, so that its state stays finite. No later query
         # attends to a padding key, so what padding positions hold changes nothing.
@@ -134,12 +146,12 @@ class LeanStepper:
         """
         h = F.embedding(ids, self.embed)
         b, q_len, d = h.shape[0], h.shape[1], self.head_dim
-        for (norm1, q_proj, k_proj, v_proj, o_proj, norm2, mlp), kb, vb in zip(self.plan, self.keys, self.values):
-            x = _rms_norm(h, *norm1)
-            q = F.linear(x, *q_proj).view(b, q_len, -1, d).transpose(1, 2)
-            k = F.linear(x, *k_proj).view(b, q_len, -1, d).transpose(1, 2)
-            v = F.linear(x, *v_proj).view(b, q_len, -1, d).transpose(1, 2)
-            q, k = self.rotary(q, k, cos, sin)
+        heads, rotated = self.heads, self.heads + self.kv_heads
+        cast = self.cast
+        for (norm1, qkv_proj, o_proj, norm2, mlp), kb, vb in zip(self.plan, self.keys, self.values):
+            qkv = F.linear(_rms_norm(h, *norm1, cast), *qkv_proj).view(b, q_len, -1, d).transpose(1, 2)
+            qk = _rotate(qkv[:, :rotated], cos, sin)  # q and k in one go: the same element-wise arithmetic
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, rotated:]
             if rows is None:
                 kb[:, :, start:stop] = k
                 vb[:, :, start:stop] = v
@@ -150,26 +162,60 @@ class LeanStepper:
                 keys, values = k, v
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.gqa)
             h = h + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), *o_proj)
-            h = h + mlp(_rms_norm(h, *norm2))
-        return F.linear(_rms_norm(h[:, -1], *self.final_norm), *self.lm_head)
+            h = h + mlp(_rms_norm(h, *norm2, cast))
+        return F.linear(_rms_norm(h[:, -1], *self.final_norm, cast), *self.lm_head)
 
     def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
         """Feed ``token`` ``(B,)`` as step ``t``'s input (``alive``: rows attended from now on) -> logits ``(B, V)``."""
         slot = self.prompt_len + t
         self.valid[:, slot] = alive
-        return self._forward(token[:, None], self.valid[:, None, None, :slot + 1], self.cos[:, t:t + 1],
-                             self.sin[:, t:t + 1], slot, slot + 1, None)
+        return self._forward(token[:, None], self.valid[:, None, None, :slot + 1], self.cos[:, :, t:t + 1],
+                             self.sin[:, :, t:t + 1], slot, slot + 1, None)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm, the same operations in the same order: ``w * (x / sqrt(mean(x^2) + eps))``, in float32."""
-    xf = x.to(torch.float32)
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = True) -> torch.Tensor:
+    """Llama's RMSNorm, the same operations in the same order: ``w * (x / sqrt(mean(x^2) + eps))``, in float32.
+
+    ``cast=False`` (a float32 model): the two casts, which change nothing there, are left out.
+    """
+    xf = x.to(torch.float32) if cast else x
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return weight * (xf.to(x.dtype) if cast else xf)
+
+
+def _rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b, s, d)`` tables -> ``(b, 1, s, d)`` ones for :func:`_rotate`, ``sin`` with its first half negated."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos.unsqueeze(1), signed.unsqueeze(1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Llama's rotary embedding ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``.
+
+    ``cat(-x2, x1) * cat(s1, s2)`` is ``cat(x2, x1) * cat(-s1, s2)`` to the bit (a product's sign
+    is the product of the signs), and ``cat(x2, x1)`` is ``x.roll(d / 2)``: one op instead of four.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def _linear(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return module.weight, module.bias
+
+
+def _fused(parent: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One ``(weight, bias)`` for the linear layers ``names`` of ``parent``: their outputs side by side, one matmul.
+
+    Each output element is still one row of one layer's weight times the input, so the fused
+    matmul gives the separate ones' numbers (the reference tests compare bit for bit).
+    """
+    layers = [getattr(parent, name) for name in names]
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    if all(layer.bias is None for layer in layers):
+        return weight, None
+    bias = [layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
+            for layer in layers]
+    return weight, torch.cat(bias)
 
 
 def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
@@ -177,12 +223,19 @@ def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
 
 
 def _mlp(module: torch.nn.Module):
-    """The gated MLP ``down(act(gate(x)) * up(x))`` on the module's weights (SiLU inlined), or the module itself."""
+    """The gated MLP ``down(act(gate(x)) * up(x))`` on the module's weights (SiLU inlined, gate and up as one
+    matmul), or the module itself."""
     if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return module
-    gate, up, down = _linear(module.gate_proj), _linear(module.up_proj), _linear(module.down_proj)
+    gate_up, down = _fused(module, ("gate_proj", "up_proj")), _linear(module.down_proj)
+    width = module.gate_proj.out_features
     act = F.silu if type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation" else module.act_fn
-    return lambda x: F.linear(act(F.linear(x, *gate)) * F.linear(x, *up), *down)
+
+    def mlp(x: torch.Tensor) -> torch.Tensor:
+        both = F.linear(x, *gate_up)
+        return F.linear(act(both[..., :width]) * both[..., width:], *down)
+
+    return mlp
 
 
 def lean_stepper(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int,

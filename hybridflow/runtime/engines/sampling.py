@@ -42,8 +42,13 @@ def scaled_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """``log_softmax(logits / T)`` in float32.
 
     Shapes: logits ``(b, v)`` -> ``(b, v)`` float32.
+
+    At ``T = 1`` the division is left out (``x / 1 == x`` for every float), as is the cast of
+    float32 logits: the same numbers, two ops fewer per decoding step.
     """
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    return torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
 
 
 def truncate_logits(log_probs: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

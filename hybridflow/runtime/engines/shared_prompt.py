@@ -14,8 +14,9 @@ summation order (``tests/runtime/engines/test_shared_prompt.py`` compares values
 gradients). It applies only where it is exact: the model's own forward with a
 ``DynamicCache`` (any architecture transformers caches), and no dropout active in
 training mode (the copies would share one dropout mask), and where it saves at least
-:data:`MIN_SAVED_POSITIONS` prompt positions. Otherwise it returns None and the caller
-runs the joined rows.
+:func:`min_saved_positions` prompt positions (:data:`MIN_SAVED_POSITIONS` at width 256, fewer
+for wider models, more for narrower ones). Otherwise it returns None and the caller runs the
+joined rows.
 """
 from __future__ import annotations
 
@@ -23,12 +24,31 @@ import torch
 
 from .sequence import position_ids_from_mask, response_attention
 
-__all__ = ["MIN_SAVED_POSITIONS", "prompt_groups", "shared_response_hidden"]
+__all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "min_saved_positions", "prompt_groups",
+           "shared_response_hidden"]
 
 MIN_SAVED_POSITIONS = 64
-"""Prompt positions the sharing must save (``(rows - distinct prompts) x P``) to be used: it costs a second
-backbone call. Measured on one CPU thread (GRPO update, 7.9M-parameter model, P = 5, 3 response positions):
-one group of 8 (35 saved) 232 ms shared vs 208 ms joined, two groups (70) 291 vs 297, four (140) 356 vs 477."""
+"""Prompt positions the sharing must save (``(rows - distinct prompts) x P``) to be used, at width
+:data:`REFERENCE_WIDTH`: it costs a second backbone call. Measured on one CPU thread (GRPO update,
+7.9M-parameter model, hidden 256, P = 5, 3 response positions): one group of 8 (35 saved) 232 ms
+shared vs 208 ms joined, two groups (70) 291 vs 297, four (140) 356 vs 477."""
+
+REFERENCE_WIDTH = 256
+"""The hidden size at which :data:`MIN_SAVED_POSITIONS` was measured."""
+
+
+def min_saved_positions(hidden: int | None) -> int:
+    """The prompt positions sharing must save in a model of width ``hidden``: ``ceil(64 * 256 / hidden)``.
+
+    A saved position saves work that grows with the width, while the second call's cost is mostly
+    fixed (dispatch, the cache's copies), so the break-even falls as the width grows. Measured on the
+    tiny model (hidden 64, threshold 256; GRPO, 8 prompts x 8, 1 CPU thread, CPU ms per step):
+    skipping zero-advantage rows leaves 2-4 groups (70-140 positions saved): 20.9-22.5 shared vs
+    18.4-18.6 joined; all 8 groups (280 saved): 23.5 shared vs 26.0 joined. None (width unknown): 64.
+    """
+    if not hidden:
+        return MIN_SAVED_POSITIONS
+    return -(-MIN_SAVED_POSITIONS * REFERENCE_WIDTH // hidden)
 
 _DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop",
                    "hidden_dropout_prob", "attention_probs_dropout_prob")
@@ -72,7 +92,8 @@ def shared_response_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, 
     if response_ids.shape[-1] < 1 or _dropout_active(backbone):
         return None
     groups = prompt_groups(prompt_ids, prompt_mask)
-    if groups is None or (prompt_ids.shape[0] - len(groups[0])) * prompt_ids.shape[-1] < MIN_SAVED_POSITIONS:
+    hidden = getattr(getattr(backbone, "config", None), "hidden_size", None)
+    if groups is None or (prompt_ids.shape[0] - len(groups[0])) * prompt_ids.shape[-1] < min_saved_positions(hidden):
         return None
     from .decode import _cache_keyword, _new_cache
 

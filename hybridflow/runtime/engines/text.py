@@ -28,14 +28,19 @@ def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch
     """The text of each response: its valid tokens, without a final EOS, decoded as they are.
 
     Other special tokens the model produced are kept in the text (``skip_special_tokens=False``),
-    so a reward function sees exactly what was generated.
+    so a reward function sees exactly what was generated. Each distinct id sequence is decoded once
+    (a group's responses often repeat: short answers, a small vocabulary).
     """
     lengths = response_lengths(response_mask).tolist()
     eos = set(int(i) for i in eos_token_ids)
+    decoded: dict[tuple[int, ...], str] = {}
     texts = []
     for row, length in zip(response_ids.tolist(), lengths):
         ids = row[:length]
         if ids and ids[-1] in eos:
             ids = ids[:-1]
-        texts.append(tokenizer.decode(ids, skip_special_tokens=False))
+        key = tuple(ids)
+        if key not in decoded:
+            decoded[key] = tokenizer.decode(ids, skip_special_tokens=False)
+        texts.append(decoded[key])
     return texts

@@ -4,6 +4,8 @@ Reference: ``decode(..., path="hf")``, the model's own forward with a ``DynamicC
 at a time. Same generator seed -> the same tokens and masks, and log-probs within float32
 tolerance, over prompt lengths, left padding, EOS in the middle, n > 1, sampling settings and
 both Llama-family architectures of hybridflow.data.tiny; other models fall back to the reference.
+Also against transformers' own ``generate`` (greedy tokens) and full forward (log-probs), and after
+an optimizer step and a weight load (the fused q/k/v and gate/up weights follow the model's).
 """
 from __future__ import annotations
 
@@ -154,3 +156,66 @@ def test_the_lean_path_computes_as_in_eval_mode_so_the_engine_keeps_the_train_mo
     out = engine.generate(Batch({"prompt_ids": ids, "prompt_mask": mask}, batch_size=2), params.model_copy(update={"seed": 0}))
     assert model.training  # no switch to eval and back: nothing in the lean path depends on the mode
     assert torch.equal(out["response_ids"], ref.response_ids)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_greedy_tokens_are_transformers_generate_and_log_probs_its_forward(arch):
+    """The lean path against transformers' own ``generate`` (greedy tokens) and a full forward (log-probs).
+
+    ``generate`` stops a row at EOS and, as our loop does, at a sampled pad token (both passed as
+    its EOS ids), then fills with the pad id. The full forward runs prompt + response in one call
+    with position ids ``cumsum(mask) - 1``; its ``log_softmax`` at each response token is what
+    the decode loop recorded.
+    """
+    model = _model(arch)
+    ids, mask = _prompts([2, 7, 4, 5], seed=6)
+    steps = 16
+    lean = decode(model, ids, mask, SamplingParams(n=1, max_new_tokens=steps, greedy=True), eos_token_ids=[EOS],
+                  pad_token_id=PAD, path="lean")
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                         eos_token_id=[EOS, PAD], pad_token_id=PAD)[:, ids.shape[1]:]
+    expected = torch.full((len(ids), steps), PAD)
+    expected[:, :out.shape[1]] = out
+    assert torch.equal(lean.response_ids, expected)
+
+    full_ids = torch.cat([ids, lean.response_ids], dim=1)
+    full_mask = torch.cat([mask, lean.response_mask.long()], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits
+    width = ids.shape[1]
+    reference = torch.log_softmax(logits[:, width - 1:-1].float(), -1).gather(-1, lean.response_ids[..., None])[..., 0]
+    torch.testing.assert_close(lean.log_probs, reference * lean.response_mask, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_weights_follow_an_optimizer_step_and_a_weight_load():
+    """q/k/v and gate/up are concatenated when a decode call starts: a call after an update sees the new weights."""
+    from hybridflow.runtime.engines import HFRolloutEngine
+
+    model = _model("qwen2")
+    ids, mask = _prompts([3, 6, 2], seed=8)
+    params = SamplingParams(n=2, max_new_tokens=10)
+    before = _both(model, ids, mask, params, seed=1)[1]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    logits.logsumexp(-1).mean().backward()
+    optimizer.step()
+    ref, lean = _both(model, ids, mask, params, seed=1)
+    _assert_same(ref, lean)
+    assert (lean.log_probs - before.log_probs).abs().max() > 1e-3, "the step must change what the model computes"
+
+    engine = HFRolloutEngine(model, eos_token_ids=EOS, pad_token_id=PAD)
+    layer = model.model.layers[0]
+    new = {name: torch.randn_like(w) * 0.3 for name, w in model.state_dict().items()
+           if name.startswith("model.layers.0.") and name.endswith(("k_proj.weight", "v_proj.bias", "up_proj.weight"))}
+    assert engine.load_weights(new) == 3
+    assert torch.equal(layer.self_attn.k_proj.weight, new["model.layers.0.self_attn.k_proj.weight"])
+    ref2, lean2 = _both(model, ids, mask, params, seed=1)
+    _assert_same(ref2, lean2)
+    assert (lean2.log_probs - lean.log_probs).abs().max() > 1e-3
+
+
+def test_rotary_whose_frequencies_follow_the_sequence_length_is_not_driven():
+    model = _model("llama")
+    model.model.rotary_emb.rope_type = "dynamic"
+    assert not supports_lean(model)

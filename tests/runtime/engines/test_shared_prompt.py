@@ -10,9 +10,29 @@ from hybridflow.data.tiny import make_tiny_model
 from hybridflow.runtime.engines import lm_logprobs
 from hybridflow.runtime.engines.critic import ValueModel
 from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
-from hybridflow.runtime.engines.shared_prompt import MIN_SAVED_POSITIONS, prompt_groups, shared_response_hidden
+from hybridflow.runtime.engines.shared_prompt import (MIN_SAVED_POSITIONS, REFERENCE_WIDTH, min_saved_positions,
+                                                     prompt_groups, shared_response_hidden)
 from hybridflow.runtime.engines.train import TrainEngine, TrainEngineConfig
 
+
+WIDTH = REFERENCE_WIDTH
+"""The models' hidden size: the one at which sharing needs MIN_SAVED_POSITIONS (64) saved positions."""
+
+
+def test_min_saved_positions_scales_inversely_with_the_width():
+    # ceil(64 * 256 / hidden): 64 -> 256 (the tiny model), 256 -> 64, 4096 -> 4, 100 -> ceil(163.84) = 164
+    assert [min_saved_positions(h) for h in (64, 256, 4096, 100)] == [256, 64, 4, 164]
+    assert min_saved_positions(None) == MIN_SAVED_POSITIONS
+
+
+def test_a_narrow_model_shares_only_where_it_saves_more_positions():
+    # hidden 64: 256 positions. 3 groups of 8 with P = 6 save 21 x 6 = 126 (joined); 8 groups save 56 x 6 = 336
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=64, layers=2, heads=4, kv_heads=2).eval()
+    for groups, used in ((3, False), (8, True)):
+        batch = _group_batch(groups=groups)
+        fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+        assert (shared_response_hidden(model.base_model, *fields) is not None) == used, groups
 
 def _group_batch(width: int = 5, groups: int = 3, n: int = 8, seed: int = 1) -> dict:
     """``groups`` left-padded prompts (of different padding) x ``n`` responses of lengths 1..width."""
@@ -50,7 +70,7 @@ def test_prompt_groups_finds_repeats_and_tells_paddings_apart():
 @pytest.mark.parametrize("width", [1, 5])
 def test_states_and_gradients_equal_the_joined_rows(arch, width):
     torch.manual_seed(0)
-    model = make_tiny_model(arch, vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).train()
+    model = make_tiny_model(arch, vocab_size=24, hidden=WIDTH, layers=2, heads=4, kv_heads=2).train()
     batch = _group_batch(width)
     fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
     valid = batch["response_mask"].bool()
@@ -61,20 +81,21 @@ def test_states_and_gradients_equal_the_joined_rows(arch, width):
             hidden = shared_response_hidden(model.base_model, *fields)
         else:
             hidden = response_hidden(model.base_model, join_prompt_response(*fields), fields[0].shape[-1])
-        assert hidden.shape == (len(valid), width, 32)
-        (hidden[valid] * torch.linspace(-1, 1, 32)).sum().backward()
+        assert hidden.shape == (len(valid), width, WIDTH)
+        (hidden[valid] * torch.linspace(-1, 1, WIDTH)).sum().backward()
         results.append((hidden[valid].detach(), {k: p.grad.clone() for k, p in model.named_parameters()
                                                  if p.grad is not None}))
     (joined, joined_grads), (shared, shared_grads) = results
     torch.testing.assert_close(shared, joined, rtol=1e-5, atol=1e-5)
     assert joined_grads.keys() == shared_grads.keys() and len(joined_grads) > 0
     for name, grad in joined_grads.items():
-        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5)
+        scale = float(grad.abs().max())  # float error of a sum over the width grows with its terms
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-4 * scale), (name, scale)
 
 
 def test_not_used_with_active_dropout_or_distinct_prompts():
     torch.manual_seed(0)
-    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=WIDTH, layers=2, heads=4, kv_heads=2)
     batch = _group_batch()
     fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
     model.config.attention_dropout = 0.1
@@ -84,13 +105,13 @@ def test_not_used_with_active_dropout_or_distinct_prompts():
     distinct = [f[::8] for f in fields]
     assert shared_response_hidden(model.base_model.train(), *distinct) is None
     one_group = [f[:8] for f in fields]  # saves 7 x 6 prompt positions: not worth a second backbone call
-    assert (8 - 1) * 6 < MIN_SAVED_POSITIONS
+    assert (8 - 1) * 6 < min_saved_positions(WIDTH) == MIN_SAVED_POSITIONS
     assert shared_response_hidden(model.base_model, *one_group) is None
 
 
 def test_update_log_probs_and_values_equal_the_joined_rows(monkeypatch):
     torch.manual_seed(0)
-    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=WIDTH, layers=2, heads=4, kv_heads=2)
     terms = [("ppo_clip", 1.0, {"clip_low": 0.2, "clip_high": 0.2})]
     batch = _group_batch()
     results, used = {}, []
@@ -112,7 +133,7 @@ def test_update_log_probs_and_values_equal_the_joined_rows(monkeypatch):
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
         assert abs(results[True][1][key] - results[False][1][key]) < 1e-5, key
     for name, value in results[False][2].items():  # Adam's step divides by sqrt(v): 1e-3 of lr where a grad is ~0
-        torch.testing.assert_close(results[True][2][name], value, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(results[True][2][name], value, rtol=1e-5, atol=1e-4)
     critic = ValueModel.from_causal_lm(model)
     fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
     values = critic.response_values(*fields)
