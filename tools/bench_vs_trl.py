@@ -275,12 +275,9 @@ def learn_streams(args, sides: dict, base: RunConfig, out: Path, tag: str) -> di
                 for side in sides}
         print(f"  model seed {seed}, step {checkpoints[-1]}: " + "; ".join(
             f"{side} " + " ".join(f"{v:.2f}" for v in values) for side, values in last.items()))
-    summary = {"settings": vars(args), "trl_version": TRL_VERSION, "runs": runs,
-               "steps": {step: {k: (v.__dict__ if hasattr(v, "__dict__") else v) for k, v in c.items()}
-                         for step, c in result["steps"].items()},
-               "end": {side: {**e, "entropy_end": e["entropy_end"].__dict__} for side, e in result["end"].items()},
-               "verdict": result["verdict"]}
-    (out / f"summary_streams{tag}.json").write_text(json.dumps(summary, indent=1, default=str))
+    summary = {"settings": vars(args), "trl_version": TRL_VERSION, "runs": runs, **result}
+    (out / f"summary_streams{tag}.json").write_text(
+        json.dumps(summary, indent=1, default=lambda o: vars(o) if hasattr(o, "__dict__") else str(o)))
     print(f"\nrecords and summary_streams{tag}.json in {out}")
     return summary
 

@@ -81,7 +81,23 @@ def test_compare_streams_level_curves_with_a_collapse(parity):
     assert (ours["collapsed"], theirs["collapsed"]) == (1, 0)
     assert (ours["grad_gt1"], ours["runs_with_spikes"], ours["grad_max"]) == (3, 2, 7.5)
     assert (theirs["grad_gt1"], theirs["runs_with_spikes"], theirs["grad_max"]) == (3, 1, 2.0)
-    assert ours["entropy_end"].mean == pytest.approx(0.2) and theirs["entropy_end"].median == pytest.approx(0.5)
+    assert ours["entropy_end"]["spread"].mean == pytest.approx(0.2) and ours["entropy_end"]["absent"] == 0
+    assert theirs["entropy_end"]["spread"].median == pytest.approx(0.5)
+
+
+def test_entropy_of_a_run_that_trained_no_row_is_left_out(parity, capsys):
+    # a run stuck at reward 0 skips every row, so its record has no entropy (nan in its summary)
+    runs = {"hybridflow": [_run({0: 0.1, 50: 0.0}, entropy=float("nan")), _run({0: 0.1, 50: 0.5}, entropy=0.3),
+                           _run({0: 0.1, 50: 0.6}, entropy=0.5)],
+            "trl": [_run({0: 0.1, 50: v}, entropy=float("nan")) for v in (0.0, 0.0)]}
+    result = parity.compare_streams(runs, [0, 50])
+    ours, theirs = result["end"]["hybridflow"]["entropy_end"], result["end"]["trl"]["entropy_end"]
+    assert (ours["spread"].n, ours["spread"].mean, ours["absent"]) == (2, pytest.approx(0.4), 1)
+    assert theirs == {"spread": None, "absent": 2}
+    parity.print_comparison(result, "title")
+    out = capsys.readouterr().out
+    assert "entropy over the last 10 steps mean 0.40, median 0.40 (1 runs trained no row there)" in out
+    assert "entropy over the last 10 steps - (2 runs trained no row there)" in out
 
 
 def test_compare_streams_names_the_steps_where_ours_is_behind(parity):

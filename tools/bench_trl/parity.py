@@ -13,7 +13,8 @@ turns those runs into distributions per checkpoint step and compares them:
   ``P(a > b) + P(a = b) / 2`` with a two-sided p-value (normal approximation, tie and continuity
   corrected),
 - per side at the end: runs "collapsed" (final accuracy below ``COLLAPSE_BELOW``), gradient norms
-  above 1 (steps, runs with any, largest), entropy over the last 10 steps.
+  above 1 (steps, runs with any, largest), entropy over the last 10 steps (over the runs that measured
+  it: a run whose rewards were all equal in those steps trained no row and has none).
 
 The verdict: the first side's curve is "at least" the second's when at every checkpoint its mean
 is at least the other's minus one standard error of the difference; a checkpoint where the
@@ -81,6 +82,13 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     return u / (na * nb), math.erfc(z / math.sqrt(2))
 
 
+def _measured(values: list[float]) -> dict:
+    """Spread of the values that are not nan, and how many are (entropy is absent from a run whose last
+    steps trained no row: every reward of the step equal, so every advantage 0)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return {"spread": spread(kept) if kept else None, "absent": len(values) - len(kept)}
+
+
 def _counts(values: list[float]) -> list[int]:
     groups: dict[float, int] = {}
     for v in values:
@@ -124,7 +132,7 @@ def compare_streams(runs: dict[str, list[dict]], checkpoints: Sequence[int]) -> 
     end = {side: {"runs": len(rs), "collapsed": sum(r["acc"][last] < COLLAPSE_BELOW for r in rs),
                   "grad_gt1": sum(r["grad_gt1"] for r in rs), "runs_with_spikes": sum(r["grad_gt1"] > 0 for r in rs),
                   "grad_max": max(r["grad_max"] for r in rs),
-                  "entropy_end": spread([r["entropy_end"] for r in rs])} for side, rs in runs.items()}
+                  "entropy_end": _measured([r["entropy_end"] for r in rs])} for side, rs in runs.items()}
     behind = [s for s, c in by_step.items() if c["diff"] < -c["diff_se"]]
     above = [s for s, c in by_step.items() if c["interval"][0] > _ROUNDING]
     below = [s for s, c in by_step.items() if c["interval"][1] < -_ROUNDING]
@@ -135,6 +143,11 @@ def compare_streams(runs: dict[str, list[dict]], checkpoints: Sequence[int]) -> 
     if not above and not below:
         verdict += "; the bootstrap 95% interval of the difference includes 0 at every checkpoint"
     return {"steps": by_step, "end": end, "verdict": verdict, "at_least": not behind}
+
+
+def _entropy_text(entropy: dict) -> str:
+    text = (f"mean {entropy['spread'].mean:.2f}, median {entropy['spread'].median:.2f}" if entropy["spread"] else "-")
+    return text + (f" ({entropy['absent']} runs trained no row there)" if entropy["absent"] else "")
 
 
 def print_comparison(result: dict, title: str) -> None:
@@ -151,5 +164,5 @@ def print_comparison(result: dict, title: str) -> None:
     for side, e in result["end"].items():
         print(f"  {side}: {e['runs']} runs, collapsed (< {COLLAPSE_BELOW} at the end) {e['collapsed']}; "
               f"grad norm > 1 in {e['grad_gt1']} steps over {e['runs_with_spikes']} runs (max {e['grad_max']:.1f}); "
-              f"entropy over the last 10 steps mean {e['entropy_end'].mean:.2f}, median {e['entropy_end'].median:.2f}")
+              f"entropy over the last 10 steps " + _entropy_text(e["entropy_end"]))
     print(f"  verdict: {result['verdict']}")
