@@ -72,17 +72,27 @@ def test_compare_streams_level_curves_with_a_collapse(parity):
             "trl": [_run({0: 0.1, 50: 0.5}, entropy=0.4), _run({0: 0.1, 50: 0.5}, grad_gt1=3, grad_max=2.0, entropy=0.6)]}
     result = parity.compare_streams(runs, [0, 50])
     step = result["steps"][50]
-    # step 0: every run 0.1, so every resampled difference is 0 up to rounding (0.1 * 3 / 3 vs 0.1 * 2 / 2)
     assert step["diff"] == pytest.approx(0.0) and step["diff_se"] == pytest.approx(0.20817, abs=1e-5)
     assert step["p_greater"] == pytest.approx(4 / 6)  # 0.6 and 0.8 beat both 0.5s, 0.1 beats neither
     assert result["at_least"] and "at least trl's curve" in result["verdict"]
-    assert "includes 0 at every checkpoint" in result["verdict"]
+    # step 0: every run 0.1, so every resampled difference is 0 up to rounding (0.1 * 3 / 3 vs 0.1 * 2 / 2)
+    assert "includes 0 at every checkpoint" in result["verdict"] and "lower" not in result["verdict"]
     ours, theirs = result["end"]["hybridflow"], result["end"]["trl"]
     assert (ours["collapsed"], theirs["collapsed"]) == (1, 0)
     assert (ours["grad_gt1"], ours["runs_with_spikes"], ours["grad_max"]) == (3, 2, 7.5)
     assert (theirs["grad_gt1"], theirs["runs_with_spikes"], theirs["grad_max"]) == (3, 1, 2.0)
     assert ours["entropy_end"]["spread"].mean == pytest.approx(0.2) and ours["entropy_end"]["absent"] == 0
     assert theirs["entropy_end"]["spread"].median == pytest.approx(0.5)
+
+
+def test_compare_streams_names_steps_lower_within_one_se(parity):
+    # step 50: ours 0.2, 0.6 (mean 0.4, se 0.2) vs theirs 0.4, 0.6 (mean 0.5, se 0.1): -0.1, SE sqrt(0.05) = 0.224
+    runs = {"hybridflow": [_run({0: 0.1, 50: v}) for v in (0.2, 0.6)],
+            "trl": [_run({0: 0.1, 50: v}) for v in (0.4, 0.6)]}
+    result = parity.compare_streams(runs, [0, 50])
+    assert result["steps"][50]["diff_se"] == pytest.approx(0.05 ** 0.5)
+    assert result["at_least"]
+    assert "at least trl's curve within 1 SE (its mean lower at steps [50])" in result["verdict"]
 
 
 def test_entropy_of_a_run_that_trained_no_row_is_left_out(parity, capsys):

@@ -17,8 +17,9 @@ turns those runs into distributions per checkpoint step and compares them:
   it: a run whose rewards were all equal in those steps trained no row and has none).
 
 The verdict: the first side's curve is "at least" the second's when at every checkpoint its mean
-is at least the other's minus one standard error of the difference; a checkpoint where the
-bootstrap interval lies wholly above or below 0 is named as a clear difference.
+is at least the other's minus one standard error of the difference (the checkpoints where its
+mean is lower, by less than that, are named); a checkpoint where the bootstrap interval lies
+wholly above or below 0 is named as a clear difference.
 
 Pure Python (statistics, random, math): it runs in either environment and is tested on
 hand-made numbers (tests/tools/test_bench_vs_trl_streams.py).
@@ -136,8 +137,10 @@ def compare_streams(runs: dict[str, list[dict]], checkpoints: Sequence[int]) -> 
     behind = [s for s, c in by_step.items() if c["diff"] < -c["diff_se"]]
     above = [s for s, c in by_step.items() if c["interval"][0] > _ROUNDING]
     below = [s for s, c in by_step.items() if c["interval"][1] < -_ROUNDING]
-    verdict = (f"{ours} >= {theirs} - 1 SE of the difference at every checkpoint: at least {theirs}'s curve"
-               if not behind else f"{ours} more than 1 SE below {theirs} at steps {behind}: below {theirs}'s curve")
+    lower = [s for s, c in by_step.items() if c["diff"] < -_ROUNDING]
+    verdict = (f"{ours} more than 1 SE below {theirs} at steps {behind}: below {theirs}'s curve" if behind else
+               f"{ours} >= {theirs} - 1 SE of the difference at every checkpoint: at least {theirs}'s curve"
+               + (f" within 1 SE (its mean lower at steps {lower})" if lower else ""))
     verdict += (f"; bootstrap 95% interval of the difference above 0 at steps {above}" if above else "")
     verdict += (f"; below 0 at steps {below}" if below else "")
     if not above and not below:
