@@ -54,6 +54,14 @@ gradient difference), and TRL's optimizer, training_step and clipping fed the re
 batches from step 0 (relative weight difference after each step): whether the two compute
 the same update, apart from what they sample.
 
+``learn --streams N``: the sampling stream alone spreads a run's accuracy as much as the
+framework does, so this runs N streams per side on each seed's model folder (stream k of seed s:
+hybridflow's ``sampling_seed`` and TRL's ``reseed`` both ``1000 s + 1 + k``; two sides of a stream
+one after the other, or together with ``--jobs 2``) and prints, every ``--checkpoint-every`` steps,
+each side's mean / median / sd of greedy accuracy, the difference of the means with its standard
+error and a bootstrap interval, Mann-Whitney's P(ours > TRL), then collapsed runs, gradient-norm
+spikes and final entropy per side, and a verdict (tools/bench_trl/parity.py).
+
 ``--hf-variant`` / ``--trl-variant`` take JSON switches for diagnosis runs (see the
 runners' docstrings), and ``--tag`` names such a run's files. Records that exist are
 reused unless ``--fresh``.
@@ -73,6 +81,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNERS = Path(__file__).resolve().parent / "bench_trl"
 sys.path.insert(0, str(RUNNERS))
 from common import RunConfig  # noqa: E402
+from parity import compare_streams, print_comparison  # noqa: E402
 
 TRL_VERSION = "1.16.0"
 """The TRL release the side environment pins."""
@@ -209,6 +218,8 @@ def learn(args) -> dict:
                      lr_schedule=args.lr_schedule, betas=(args.beta1, args.beta2), eval_every=args.eval_every,
                      threads=args.threads)
     tag = f"_{args.tag}" if args.tag else ""
+    if args.streams:
+        return learn_streams(args, sides, base, out, tag)
     per_seed: dict[int, dict[str, dict]] = {}
     for seed in args.seeds:
         model_dir = make_model(out / f"model_seed{seed}", seed, args.threads)
@@ -222,6 +233,59 @@ def learn(args) -> dict:
     summary = {"settings": vars(args), "trl_version": TRL_VERSION, "per_seed": per_seed, **print_summary(per_seed)}
     (out / f"summary{tag}.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"\nrecords and summary{tag}.json in {out}")
+    return summary
+
+
+def stream_seed(model_seed: int, stream: int) -> int:
+    """The sampling seed of stream ``stream`` (0, 1, ...) on model seed ``model_seed``'s folder."""
+    return 1000 * model_seed + 1 + stream
+
+
+def learn_streams(args, sides: dict, base: RunConfig, out: Path, tag: str) -> dict:
+    """``--streams N``: N sampling streams per side on each model folder, both sides interleaved.
+
+    Stream k on model seed s samples from seed ``stream_seed(s, k)`` on both sides (hybridflow's
+    ``sampling_seed``, TRL's ``reseed``; the model folder, data order and everything else as in
+    the plain mode), and the runs are compared as distributions (tools/bench_trl/parity.py).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(sides) != 2:
+        raise SystemExit("--streams compares two sides: leave --sides at hybridflow trl")
+    if args.checkpoint_every % args.eval_every:
+        raise SystemExit(f"--checkpoint-every {args.checkpoint_every} must be a multiple of --eval-every {args.eval_every}")
+    switch = {"hybridflow": "sampling_seed", "trl": "reseed"}
+    jobs = []  # (seed, side, config) in the order they run: both sides of stream 0, then of stream 1, ...
+    for seed in args.seeds:
+        model_dir = make_model(out / f"model_seed{seed}", seed, args.threads)
+        for k in range(args.streams):
+            s = stream_seed(seed, k)
+            for side, (python, runner, variant) in sides.items():
+                cfg = replace(base, model_dir=str(model_dir), seed=seed, variant={**variant, switch[side]: s},
+                              out=str(out / f"{side}{tag}_seed{seed}_stream{s}.json"))
+                jobs.append((seed, side, python, runner, cfg))
+
+    def one(job):
+        seed, side, python, runner, cfg = job
+        print(f"seed {seed} {Path(cfg.out).stem} ...", flush=True)
+        return seed, side, summarise(run_side(python, runner, cfg, args.fresh))
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        done = list(pool.map(one, jobs))
+    runs = {side: [f for _, s, f in done if s == side] for side in sides}
+    checkpoints = list(range(0, args.steps + 1, args.checkpoint_every))
+    result = compare_streams(runs, checkpoints)
+    print_comparison(result, f"greedy accuracy over {args.streams} sampling streams x model seeds {args.seeds} per side "
+                             f"({len(runs['hybridflow'])} runs each), {args.steps} steps")
+    for seed in args.seeds:
+        last = {side: [f["acc"][checkpoints[-1]] for run_seed, run_side_, f in done if run_seed == seed and run_side_ == side]
+                for side in sides}
+        print(f"  model seed {seed}, step {checkpoints[-1]}: " + "; ".join(
+            f"{side} " + " ".join(f"{v:.2f}" for v in values) for side, values in last.items()))
+    summary = {"settings": vars(args), "trl_version": TRL_VERSION, "runs": runs, **result}
+    (out / f"summary_streams{tag}.json").write_text(
+        json.dumps(summary, indent=1, default=lambda o: vars(o) if hasattr(o, "__dict__") else str(o)))
+    print(f"\nrecords and summary_streams{tag}.json in {out}")
     return summary
 
 
@@ -350,6 +414,12 @@ def main(argv=None) -> None:
     p.add_argument("--hf-variant", default="{}", help="JSON switches for the hybridflow runner (diagnosis)")
     p.add_argument("--trl-variant", default="{}", help="JSON switches for the TRL runner (diagnosis)")
     p.add_argument("--tag", default="", help="name of a variant run's record files")
+    p.add_argument("--streams", type=int, default=0,
+                   help="N > 0: N sampling streams per side on each seed's model folder, compared as distributions")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="with --streams: steps compared (a multiple of "
+                   "--eval-every)")
+    p.add_argument("--jobs", type=int, default=1, help="with --streams: runs at a time (2 runs both sides of a stream "
+                   "together, each with --threads threads)")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
     p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
     p.add_argument("--fresh", action="store_true", help="rerun runs whose record exists")
