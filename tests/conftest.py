@@ -21,6 +21,10 @@ import tempfile
 
 os.environ["HYBRIDFLOW_CACHE"] = os.environ.get("HYBRIDFLOW_TEST_CACHE") or tempfile.mkdtemp(prefix="hybridflow-test-cache-")
 os.environ.setdefault("HYBRIDFLOW_TEST_CACHE", os.environ["HYBRIDFLOW_CACHE"])  # inherited by the xdist workers
+# Ray replaces builtins.print for good in a process that started or joined Ray once a worker logs a progress
+# bar (test_multinode's own cluster does); tests/trainer/test_checkpoint_files.py pickles print, so for the
+# whole session (in every test process, whichever test starts Ray first) print stays print.
+os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
 LONGEST = (
     "tests/docs/test_docs.py::test_the_tutorial_runs_as_written",

@@ -30,8 +30,7 @@ def start_shared_ray() -> None:
     """The shared instance: 4 CPUs and 4 virtual GPUs on one node."""
     # Reward functions and helpers of the test kit run inside the workers, which cannot import test modules.
     ray.cloudpickle.register_pickle_by_value(ray_testkit)
-    # Ray would otherwise replace builtins.print in this process for good (other tests pickle print).
-    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+    # (tests/conftest.py sets RAY_TQDM_PATCH_PRINT=0 for every Ray start of the session: other tests pickle print)
     # address="local": a Ray instance of the suite's own, even when another one runs on this machine (ray.init()
     # would join that one and refuse the resource figures)
     ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
