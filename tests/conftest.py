@@ -1,14 +1,18 @@
-"""Suite-wide collection order: the long end-to-end runs first.
+"""Suite-wide collection order: the longest tests first, then the other end-to-end runs, then the rest.
 
-`make test` runs the suite on two pytest-xdist workers, which take tests roughly in
-collection order; a multi-minute learning run collected last would leave one worker
-alone at the end. Moving the ``e2e`` tests to the front lets the short tests fill in
-around them; the Ray ones last among them (one worker runs that whole group). Within each
-group the order is unchanged.
+`make test` runs the suite on two pytest-xdist workers (``--dist loadgroup``). Its scheduler hands out
+work units (one test, or one ``xdist_group``: a Ray test module, see tests/runtime/ray/conftest.py) in
+collection order, each worker holding a few ahead; a multi-minute run handed out last would leave one
+worker alone at the end. So the tests measured longest (``LONGEST``, slowest first) lead, the other
+``e2e`` tests follow, and the short tests fill in around them; within each rank the order is unchanged.
+pytest-xdist would otherwise reorder the units by how many tests each holds (``--loadscope-reorder``, its
+default), which puts every multi-test Ray module ahead of the long single tests: that is turned off here.
 
 The calibration cache (profiles of models on this machine, see hybridflow/compiler/calibrate.py)
 goes to a folder of the test session, not the user's ~/.cache: a profile measured while the
-suite loads the machine would otherwise make later real runs predict from it.
+suite loads the machine would otherwise make later real runs predict from it. The folder is made
+once, in the process that starts the workers, so that both workers (and the processes they start)
+share it: a profile one of them measured is not measured again by the other.
 """
 from __future__ import annotations
 
@@ -16,12 +20,50 @@ import os
 import tempfile
 
 os.environ["HYBRIDFLOW_CACHE"] = os.environ.get("HYBRIDFLOW_TEST_CACHE") or tempfile.mkdtemp(prefix="hybridflow-test-cache-")
+os.environ.setdefault("HYBRIDFLOW_TEST_CACHE", os.environ["HYBRIDFLOW_CACHE"])  # inherited by the xdist workers
+# Ray replaces builtins.print for good in a process that started or joined Ray once a worker logs a progress
+# bar (test_multinode's own cluster does); tests/trainer/test_checkpoint_files.py pickles print, so for the
+# whole session (in every test process, whichever test starts Ray first) print stays print.
+os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+
+LONGEST = (
+    "tests/docs/test_docs.py::test_the_tutorial_runs_as_written",
+    "tests/trainer/test_quickstart.py::test_full_quickstart_raises_greedy_accuracy_by_half",
+    "tests/runtime/ray/test_multinode.py::",
+    "tests/e2e/test_grpo_arith.py::",
+    "tests/docs/test_docs.py::test_the_checkpoint_page_runs_as_written",
+)
+"""Node-id prefixes of the slowest tests, slowest first (`--durations` of `make test` on 2 cores)."""
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist installed: keep the order set below
+        config.option.loadscopereorder = False
+
+
+def _apply_xdist_groups(config, items) -> None:
+    """On an xdist worker under ``--dist loadgroup``: end the node id of each test marked ``xdist_group(NAME)``
+    with ``@NAME``, which is how the scheduler finds the groups. pytest-xdist 3.8 does this by setting
+    ``item._nodeid``, which pytest 9 no longer reads (the id is ``item._id``), so there every group was
+    silently ignored and its tests spread over both workers. Does nothing where pytest-xdist already did it."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 def pytest_collection_modifyitems(config, items):
+    # runs after the other conftests' hooks of this name (those added the Ray modules' groups) and after xdist's
+    _apply_xdist_groups(config, items)
+
     def rank(item) -> int:
-        if item.get_closest_marker("e2e") is None:
-            return 2
-        return 1 if "/ray/" in item.nodeid else 0
+        for at, prefix in enumerate(LONGEST):
+            if item.nodeid.startswith(prefix):
+                return at
+        return len(LONGEST) + (0 if item.get_closest_marker("e2e") is not None else 1)
 
     items.sort(key=rank)

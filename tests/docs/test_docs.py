@@ -55,7 +55,6 @@ def test_output_checks_can_fail(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.xdist_group("ray")  # its last block starts a Ray instance: kept off the Ray tests' CPUs
 def test_the_tutorial_runs_as_written(tmp_path):
     start = time.perf_counter()
     ran = run_page("tutorial.md", tmp_path)

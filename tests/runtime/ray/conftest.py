@@ -16,19 +16,21 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every Ray test in one pytest-xdist group: they share one Ray instance (and its CPUs), so one worker runs them."""
+    """Each Ray test module in a pytest-xdist group of its own (``ray-test_multinode``, ...): one worker runs the
+    module, so its module-scoped fixtures (test_multinode's cluster and its PPO run) are built once. Different
+    modules may run on the two workers at once, each worker with its own shared Ray instance (:func:`ray_cluster`).
+    (tests/conftest.py turns the marks into groups: pytest-xdist 3.8 no longer can under pytest 9.)"""
     here = os.path.dirname(__file__)
     for item in items:
         if str(item.fspath).startswith(here):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.xdist_group(f"ray-{item.module.__name__.rsplit('.', 1)[-1]}"))
 
 
 def start_shared_ray() -> None:
     """The shared instance: 4 CPUs and 4 virtual GPUs on one node."""
     # Reward functions and helpers of the test kit run inside the workers, which cannot import test modules.
     ray.cloudpickle.register_pickle_by_value(ray_testkit)
-    # Ray would otherwise replace builtins.print in this process for good (other tests pickle print).
-    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+    # (tests/conftest.py sets RAY_TQDM_PATCH_PRINT=0 for every Ray start of the session: other tests pickle print)
     # address="local": a Ray instance of the suite's own, even when another one runs on this machine (ray.init()
     # would join that one and refuse the resource figures)
     ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
@@ -44,7 +46,7 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def own_ray():
     """For a module that starts a Ray cluster of its own (test_multinode): the shared instance, if this process
-    has it, is stopped for the module and started again after it (the two never run at once: one xdist group)."""
+    has it, is stopped for the module and started again after it (the two never run at once in one worker)."""
     shared = ray.is_initialized()
     if shared:
         ray.shutdown()
