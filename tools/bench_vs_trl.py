@@ -40,6 +40,9 @@ out) on the wall clock and in process CPU time (with one thread the figure to re
 machine: what the step computed, not the time the scheduler gave to others), the mean response
 length (each side stops a row at EOS), response tokens per second, process CPU microseconds per
 generated response token, peak RSS of the run's process, and ratios to TRL (wall, CPU, CPU per token).
+Disturbed runs: each round's median wall/CPU ratio is printed beside its CPU s/step and load
+average; with one thread a round above 1.3 (its process was kept off its core by others) is
+flagged and left out of the medians, unless every round of that side was (tools/bench_trl/speed_table.py).
 
 Equal work: the two sides sample different responses, and once they train their response lengths
 drift apart (the step's cost grows with them), so at the default learning rate the per-step ratio
@@ -82,7 +85,7 @@ RUNNERS = Path(__file__).resolve().parent / "bench_trl"
 sys.path.insert(0, str(RUNNERS))
 from common import RunConfig  # noqa: E402
 from parity import compare_streams, print_comparison  # noqa: E402
-from speed_table import print_speed, speed_figures  # noqa: E402
+from speed_table import print_speed, speed_figures, undisturbed, wall_over_cpu  # noqa: E402
 
 TRL_VERSION = "1.16.0"
 """The TRL release the side environment pins."""
@@ -309,7 +312,7 @@ def speed(args) -> dict:
     base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
                      group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
                      max_new_tokens=args.new_tokens)
-    steps: dict[str, list[dict]] = {side: [] for side in sides}
+    rounds: dict[str, list[list[dict]]] = {side: [] for side in sides}  # each round's step records
     per_round: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}  # (CPU s/step, load average)
     rss: dict[str, float] = {side: 0.0 for side in sides}
     with tempfile.TemporaryDirectory(dir=out) as scratch:
@@ -317,21 +320,26 @@ def speed(args) -> dict:
             for side, (python, runner, variant) in sides.items():
                 print(f"round {r + 1}: {side} ...", flush=True)
                 record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True)
-                steps[side] += record["steps"][args.skip:]
+                rounds[side].append(record["steps"][args.skip:])
                 per_round[side].append((statistics.median(s.get("cpu_s", s["time_s"]) for s in record["steps"][args.skip:]),
                                         os.getloadavg()[0]))
                 rss[side] = max(rss[side], record["peak_rss_mb"])
+    steps, dropped = undisturbed(rounds, args.threads)
     result = speed_figures(steps, args.prompts * args.group)
     for side in sides:
         result[side].update(peak_rss_mb=rss[side], cpu_s_per_round=[c for c, _ in per_round[side]],
-                            load_per_round=[l for _, l in per_round[side]])
+                            load_per_round=[l for _, l in per_round[side]], disturbed_rounds=dropped[side],
+                            wall_over_cpu_per_round=[wall_over_cpu(r) for r in rounds[side]])
     print(f"\n{args.size} model, {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, {args.threads} "
           f"thread(s), lr {args.lr:g}, {args.rounds} rounds of {args.steps} steps "
           f"(first {args.skip} of each left out); load average {os.getloadavg()[0]:.1f}")
     print_speed(result)
-    print("  CPU s/step of each round (load average after it): a round far from its side's others was disturbed")
+    print("  CPU s/step of each round (load average after it, wall/CPU); * disturbed (one thread, wall/CPU above "
+          "1.3): left out of the medians above unless all of a side's rounds were")
     for side, r in result.items():
-        print(f"  {side:18}" + "  ".join(f"{c:.4f} ({l:.1f})" for c, l in zip(r["cpu_s_per_round"], r["load_per_round"])))
+        print(f"  {side:18}" + "  ".join(f"{c:.4f} ({l:.1f}, {w:.2f}){'*' if i in r['disturbed_rounds'] else ''}"
+                                          for i, (c, l, w) in enumerate(zip(r["cpu_s_per_round"], r["load_per_round"],
+                                                                             r["wall_over_cpu_per_round"]))))
     (out / f"speed_{args.size}_{args.new_tokens}.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
                                                indent=1))
     return result

@@ -1,4 +1,4 @@
-"""tools/bench_vs_trl.py's summary: means, standard errors and the per-seed paired difference, hand-worked."""
+"""tools/bench_vs_trl.py's summary: means, standard errors, the per-seed paired difference and disturbed rounds, hand-worked."""
 from __future__ import annotations
 
 import importlib.util
@@ -62,3 +62,15 @@ def test_speed_figures_per_response_token(bench, capsys):
     bench.print_speed(result)
     row = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("hybridflow"))
     assert row.split()[5] == "2875.0" and row.split()[-1] == "1.74x"
+
+
+def test_disturbed_one_thread_rounds_are_left_out(bench):
+    calm = [{"time_s": 0.021, "cpu_s": 0.020, "response_length": 2.0}] * 3  # wall/CPU 1.05
+    busy = [{"time_s": 0.060, "cpu_s": 0.020, "response_length": 2.0}] * 3  # 3.0: off its core two thirds of the time
+    rounds = {"hybridflow": [calm, busy, calm], "trl": [busy, busy]}
+    kept, dropped = bench.undisturbed(rounds, threads=1)
+    assert dropped["hybridflow"] == [1] and kept["hybridflow"] == calm + calm
+    assert dropped["trl"] == [0, 1] and kept["trl"] == busy + busy  # every round disturbed: all kept, all named
+    kept, dropped = bench.undisturbed(rounds, threads=2)  # CPU time may exceed wall: no verdict
+    assert dropped == {"hybridflow": [], "trl": []} and kept["hybridflow"] == calm + busy + calm
+    assert bench.wall_over_cpu(busy) == pytest.approx(3.0)

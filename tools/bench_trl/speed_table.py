@@ -37,3 +37,29 @@ def print_speed(result: dict[str, dict]) -> None:
               f"{r['tokens_per_s']:10.0f}{r['cpu_us_per_token']:12.1f}{r.get('peak_rss_mb', 0):13.0f}"
               f"{r.get('vs_trl', float('nan')):14.2f}x{r.get('vs_trl_cpu', float('nan')):7.2f}x"
               f"{r.get('vs_trl_per_token', float('nan')):10.2f}x")
+
+
+DISTURBED_WALL_OVER_CPU = 1.3
+"""A one-thread round whose steps took this many times their CPU time (median) lost the core to another process."""
+
+
+def wall_over_cpu(records: list[dict]) -> float:
+    """Median over a round's steps of wall seconds over process CPU seconds (1.0: the run had its core to itself)."""
+    return statistics.median(s["time_s"] / s["cpu_s"] for s in records if s.get("cpu_s", 0) > 0) if records else 1.0
+
+
+def undisturbed(rounds: dict[str, list[list[dict]]], threads: int) -> tuple[dict[str, list[dict]], dict[str, list[int]]]:
+    """Each side's step records from its undisturbed rounds, and the indices of the rounds left out.
+
+    With one thread a run that other processes keep off its core shows it as wall time well above its
+    CPU time (over :data:`DISTURBED_WALL_OVER_CPU`); such rounds are left out, unless every round of
+    the side was disturbed (then all are kept and the list names them all). With more threads CPU time
+    may exceed the wall clock and the test says nothing: every round is kept.
+    """
+    kept, dropped = {}, {}
+    for side, side_rounds in rounds.items():
+        bad = [i for i, r in enumerate(side_rounds) if threads == 1 and wall_over_cpu(r) > DISTURBED_WALL_OVER_CPU]
+        use = [r for i, r in enumerate(side_rounds) if i not in bad] or side_rounds
+        kept[side] = [s for r in use for s in r]
+        dropped[side] = bad
+    return kept, dropped
