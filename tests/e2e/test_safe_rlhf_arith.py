@@ -6,12 +6,13 @@ more characters), so every correct answer to half the prompts costs 1. The model
 built-in one (random weights, then a format warm-up on wrong answers): it starts answering
 with two digits about half the time, over the cost limit of 0.2. Trained without the
 constraint (lambda fixed at 0) it usually learns the two-digit answers too and stays over
-the limit (the control below: last-window mean cost 0.15, 0.64, 0.39, 0.72 on seeds 0-3,
-measured on torch 2.13 CPU; seed 0 learns only the one-digit answers in 80 steps, so the
-control is judged on the mean of two seeds, not on one trajectory); with the multiplier,
+the limit (the control below: last-window mean cost 0.19, 0.40, 1.00, 0.81 on seeds 0-3,
+measured on torch 2.13 CPU; earlier code, equal up to float summation order, gave 0.15, 0.64,
+0.39, 0.72: one trajectory moves a lot with rounding, so the control is judged on the mean of
+four seeds, not on one or two); with the multiplier,
 lambda grows while the cost is over the limit, the cost falls under it on every seed
 (0.03, 0.01, 0.05, 0.01 on seeds 0-3), and the reward still rises on the answers it can
-afford. Fixed step counts, two seeds; about 30 s per run on one core.
+afford. Fixed step counts; two seeds for the constrained runs, four for the control; 8-30 s per run on one core.
 """
 from __future__ import annotations
 
@@ -71,10 +72,10 @@ def test_cost_ends_under_the_limit_while_the_reward_rises(tmp_path, seed):
 @pytest.mark.e2e
 def test_without_the_multiplier_the_learned_policy_breaks_the_limit(tmp_path):
     # the control: lambda stays 0, so only the reward is learned, and its two-digit answers cost.
-    # Judged over the same two seeds as the constrained runs: one seed may learn only the
-    # one-digit answers within the step budget (seed 0 does, ending at 0.15), the mean may not.
+    # Judged over four seeds: one may learn only the one-digit answers within the step budget
+    # (seed 0 does, ending at 0.19), and the mean of two (0.29 on seeds 0-1) sat near the margin.
     finals, summaries = [], []
-    for seed in (0, 1):
+    for seed in (0, 1, 2, 3):
         history = _train(tmp_path / f"seed{seed}", seed, lambda_lr=0.0)
         assert {m["safe/lagrange_lambda"] for m in history} == {0.0}
         first, last = history[:WINDOW], history[-WINDOW:]
