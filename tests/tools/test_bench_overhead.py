@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tool_module import load_file
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_overhead.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_overhead", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(TOOL, "bench_overhead")
 
 
 @pytest.mark.parametrize("skip_rows", [True, False])

@@ -2,7 +2,6 @@
 must equal hybridflow's own (RuleRewardSource with unfinished_score=0, Trainer.validate's greedy score)."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -14,17 +13,14 @@ from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
 from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams
 from hybridflow.runtime.engines.rule_reward import RuleRewardSource
 from hybridflow_ops.rewards import default_compute_score
+from tool_module import load_file
 
 COMMON = Path(__file__).resolve().parents[2] / "tools" / "bench_trl" / "common.py"
 
 
 @pytest.fixture(scope="module")
 def common():
-    spec = importlib.util.spec_from_file_location("bench_trl_common", COMMON)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_file(COMMON, "bench_trl_common")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +78,5 @@ def test_trl_runner_reseeds_with_hybridflows_rollout_stream_seed():
     from hybridflow.trainer.seeds import stream_seed
 
     sys.path.insert(0, str(COMMON.parent))
-    spec = importlib.util.spec_from_file_location("bench_trl_runner", COMMON.parent / "trl_runner.py")
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
+    runner = load_file(COMMON.parent / "trl_runner.py", "bench_trl_runner")
     assert [runner.rollout_stream_seed(s) for s in (0, 1, 7, 12345)] == [stream_seed(s, "rollout") for s in (0, 1, 7, 12345)]

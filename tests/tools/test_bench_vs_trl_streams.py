@@ -1,23 +1,18 @@
 """tools/bench_trl/parity.py: the summary math of ``bench_vs_trl.py learn --streams``, on hand-made numbers."""
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from tool_module import load_file
 
 MODULE = Path(__file__).resolve().parents[2] / "tools" / "bench_trl" / "parity.py"
 
 
 @pytest.fixture(scope="module")
 def parity():
-    spec = importlib.util.spec_from_file_location("bench_trl_parity", MODULE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(MODULE, "bench_trl_parity")
 
 
 def _run(acc: dict[int, float], grad_gt1: int = 0, grad_max: float = 0.5, entropy: float = 1.0) -> dict:

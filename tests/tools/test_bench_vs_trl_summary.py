@@ -1,12 +1,12 @@
 """tools/bench_vs_trl.py's summary: means, standard errors, the per-seed paired difference and disturbed rounds, hand-worked."""
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
 from pathlib import Path
 
 import pytest
+from tool_module import load_file
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_vs_trl.py"
 
@@ -14,11 +14,7 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_vs_trl.py"
 @pytest.fixture(scope="module")
 def bench():
     sys.path.insert(0, str(TOOL.parent / "bench_trl"))  # the tool imports common.py from there
-    spec = importlib.util.spec_from_file_location("bench_vs_trl_tool", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(TOOL, "bench_vs_trl_tool")
 
 
 def _figures(acc: dict[int, float]) -> dict:
