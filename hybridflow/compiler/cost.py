@@ -301,18 +301,33 @@ def _forward_parts(model: ModelSpec, layout: Layout, tokens_per_micro: float, mi
     return tp, pp
 
 
+SHARED_PROMPT_REFERENCE_WIDTH = 256
+"""The model width at which a shared-prompt threshold is stated (``CostOptions.shared_prompt_min_saved``)."""
+
+
+def shared_prompt_threshold(min_saved: int, hidden: int | None) -> int:
+    """Prompt positions the shared-prompt forward must save in a model of width ``hidden``: ``ceil(min_saved·256/hidden)``.
+
+    ``min_saved`` holds at width 256; a saved position's work grows with the width while the second
+    backbone call's cost is mostly fixed, so the break-even falls as the width grows. The train
+    engine (runtime.engines.shared_prompt) and the cost model both apply this rule. None: ``min_saved``.
+    """
+    if not hidden:
+        return min_saved
+    return -(-min_saved * SHARED_PROMPT_REFERENCE_WIDTH // hidden)
+
+
 def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, hidden: int,
                    o: CostOptions) -> tuple[float, int]:
     """(fraction of a micro-batch's ``micro·seq_len`` tokens the backbone runs, backbone calls) under prompt sharing.
 
     ``(1.0, 1)`` where the engine runs every row's prompt: sharing off, no repeated
-    prompt, or fewer than ``ceil(o.shared_prompt_min_saved · 256 / hidden)`` prompt positions
-    saved (the engine's rule, runtime.engines.shared_prompt.min_saved_positions).
+    prompt, or fewer than :func:`shared_prompt_threshold` prompt positions saved.
     """
     if o.shared_prompt_min_saved is None or samples < 2 or not 0 < prompt_len < seq_len or micro < 2:
         return 1.0, 1
     distinct = math.ceil(micro / samples)
-    if (micro - distinct) * prompt_len < -(-o.shared_prompt_min_saved * 256 // hidden):
+    if (micro - distinct) * prompt_len < shared_prompt_threshold(o.shared_prompt_min_saved, hidden):
         return 1.0, 1
     return (distinct * prompt_len + micro * (seq_len - prompt_len)) / (micro * seq_len), 2
 

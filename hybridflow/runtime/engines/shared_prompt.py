@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from ...compiler.cost import SHARED_PROMPT_REFERENCE_WIDTH as REFERENCE_WIDTH
+from ...compiler.cost import shared_prompt_threshold
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "min_saved_positions", "prompt_groups",
@@ -33,9 +35,6 @@ MIN_SAVED_POSITIONS = 64
 7.9M-parameter model, hidden 256, P = 5, 3 response positions): one group of 8 (35 saved) 232 ms
 shared vs 208 ms joined, two groups (70) 291 vs 297, four (140) 356 vs 477."""
 
-REFERENCE_WIDTH = 256
-"""The hidden size at which :data:`MIN_SAVED_POSITIONS` was measured."""
-
 
 def min_saved_positions(hidden: int | None) -> int:
     """The prompt positions sharing must save in a model of width ``hidden``: ``ceil(64 * 256 / hidden)``.
@@ -46,9 +45,8 @@ def min_saved_positions(hidden: int | None) -> int:
     skipping zero-advantage rows leaves 2-4 groups (70-140 positions saved): 20.9-22.5 shared vs
     18.4-18.6 joined; all 8 groups (280 saved): 23.5 shared vs 26.0 joined. None (width unknown): 64.
     """
-    if not hidden:
-        return MIN_SAVED_POSITIONS
-    return -(-MIN_SAVED_POSITIONS * REFERENCE_WIDTH // hidden)
+    return shared_prompt_threshold(MIN_SAVED_POSITIONS, hidden)
+
 
 _DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop",
                    "hidden_dropout_prob", "attention_probs_dropout_prob")
