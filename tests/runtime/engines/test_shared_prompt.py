@@ -14,7 +14,6 @@ from hybridflow.runtime.engines.shared_prompt import (MIN_SAVED_POSITIONS, REFER
                                                      prompt_groups, shared_response_hidden)
 from hybridflow.runtime.engines.train import TrainEngine, TrainEngineConfig
 
-
 WIDTH = REFERENCE_WIDTH
 """The models' hidden size: the one at which sharing needs MIN_SAVED_POSITIONS (64) saved positions."""
 
@@ -33,6 +32,7 @@ def test_a_narrow_model_shares_only_where_it_saves_more_positions():
         batch = _group_batch(groups=groups)
         fields = [batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
         assert (shared_response_hidden(model.base_model, *fields) is not None) == used, groups
+
 
 def _group_batch(width: int = 5, groups: int = 3, n: int = 8, seed: int = 1) -> dict:
     """``groups`` left-padded prompts (of different padding) x ``n`` responses of lengths 1..width."""
