@@ -1,5 +1,7 @@
 """Reading and writing DCP folders safely: shared by the controller's checkpoint files and the workers' shards.
 
+* :func:`save_dcp` writes tensors to a DCP folder, whole: a second Ctrl-C waits for the write
+  (see :mod:`.write_guard`), and failures become CheckpointError;
 * :func:`safe_reader` is DCP's file reader with the ``.metadata`` file read by an
   unpickler that builds only DCP's own metadata records (:class:`_MetadataUnpickler`),
   tensors being read with ``torch.load(weights_only=True)``, so a checkpoint cannot run code;
@@ -12,14 +14,16 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import CheckpointError
+from .write_guard import whole_write
 
-__all__ = ["safe_reader", "dcp_exception", "unwrap_dcp_error", "file_sha256", "folder_manifest"]
+__all__ = ["save_dcp", "safe_reader", "dcp_exception", "unwrap_dcp_error", "file_sha256", "folder_manifest"]
 
 
 def dcp_exception() -> type[BaseException]:
@@ -37,6 +41,18 @@ def unwrap_dcp_error(err: BaseException, what: str) -> BaseException:
     return CheckpointError(f"{what} ({type(cause).__name__}: {cause})")
 
 
+def save_dcp(tensors: dict[str, torch.Tensor], folder: Path | str, failed: str, **kwargs: Any) -> None:
+    """``dcp.save`` of ``tensors`` into ``folder`` (``kwargs``: ``no_dist`` or ``process_group``), never cut
+    by a signal mid-file; a failure is a CheckpointError starting with ``failed``."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # one process and no group is an intended use
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            with whole_write():
+                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(folder)), **kwargs)
+        except dcp_exception() as err:
+            raise unwrap_dcp_error(err, failed) from None
 
 
 # -- DCP reading without unpickling arbitrary objects -----------------------------------------

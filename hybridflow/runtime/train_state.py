@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CheckpointError
-from .dcp_files import dcp_exception, safe_reader, unwrap_dcp_error
+from .dcp_files import dcp_exception, safe_reader, save_dcp, unwrap_dcp_error
 
 __all__ = ["save_train_state", "load_train_state"]
 
@@ -70,16 +70,9 @@ def save_train_state(engine, folder: str | Path, *, role: str, group=None) -> di
 
     Returns the JSON part: ``param_groups`` (parameters by name), ``scheduler``, ``shuffle_rng`` (base64).
     """
-    import torch.distributed.checkpoint as dcp
-
     model, optim = _live_state(engine)
     tensors = {k: v.detach() for k, v in _flat(model, optim["state"], role).items()}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        try:
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(folder)), **_dcp_kwargs(group))
-        except dcp_exception() as err:
-            raise unwrap_dcp_error(err, f"{folder}: writing the state of role {role!r} failed") from None
+    save_dcp(tensors, folder, f"{folder}: writing the state of role {role!r} failed", **_dcp_kwargs(group))
     return {"param_groups": optim["param_groups"], "scheduler": engine.scheduler.state_dict(),
             "shuffle_rng": _b64(engine._shuffle.get_state())}
 

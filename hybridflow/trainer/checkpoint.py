@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..errors import CheckpointError
-from ..runtime.dcp_files import dcp_exception, file_sha256, safe_reader, unwrap_dcp_error
+from ..runtime.dcp_files import dcp_exception, file_sha256, safe_reader, save_dcp, unwrap_dcp_error
 
 __all__ = ["CHECKPOINTS", "STATE_FILE", "LoadedCheckpoint", "save_checkpoint", "list_checkpoints", "read_checkpoint",
            "newest_checkpoint", "resolve_checkpoint"]
@@ -125,17 +125,10 @@ def _discard(path: Path) -> None:
 
 
 def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
-    import torch.distributed.checkpoint as dcp
-
     bad = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
     if bad:
         raise CheckpointError(f"only tensors go into the DCP part of a checkpoint; {bad[:3]} are not")
-    with warnings.catch_warnings():  # one process and no group is the intended use here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        try:
-            dcp.save({k: v.detach() for k, v in tensors.items()}, storage_writer=dcp.FileSystemWriter(str(folder)))
-        except dcp_exception() as err:
-            raise unwrap_dcp_error(err, f"{folder}: writing the tensors failed") from None
+    save_dcp({k: v.detach() for k, v in tensors.items()}, folder, f"{folder}: writing the tensors failed")
 
 
 def _write_json(path: Path, document: dict) -> None:

@@ -4,8 +4,9 @@ While a :class:`StopRequest` is active (``with StopRequest() as stop:``, in the 
 the first SIGINT or SIGTERM only records itself: the trainer finishes the step under way, then
 takes its "last step" path (a checkpoint unless ``save_on_interrupt=False``, the trace, the
 summary) and the command exits with ``128 + signal number`` (130 for SIGINT, 143 for SIGTERM,
-as shells do). A second signal raises :class:`KeyboardInterrupt` at once; checkpoints are written
-to a temporary folder and renamed, so that stop leaves each one complete or absent. The
+as shells do). A second signal raises :class:`KeyboardInterrupt` at once (or, inside a file write
+torch's writers must finish, as soon as it returns: see :mod:`hybridflow.runtime.write_guard`);
+checkpoints are written to a temporary folder and renamed, so that stop leaves each one complete or absent. The
 previous handlers come back when the block ends. (Python ignores an exception raised while a
 ``__del__`` runs, so :meth:`check` raises it again at the trainer's next step boundary.) Outside the main thread it installs nothing.
 """
@@ -15,6 +16,8 @@ import logging
 import signal
 import threading
 from types import FrameType
+
+from ..runtime import write_guard
 
 __all__ = ["StopRequest", "exit_code"]
 
@@ -53,7 +56,12 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
             self.forced = True
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+            stop = KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+            if write_guard.defer(stop):
+                log.warning("second %s received: stopping once the file being written is complete",
+                            signal.Signals(signum).name)
+                return
+            raise stop
         self.signum = signum
         log.warning("%s received: finishing %s (press Ctrl-C again to stop at once)", signal.Signals(signum).name,
                     self.what)
