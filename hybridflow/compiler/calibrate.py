@@ -195,13 +195,14 @@ def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", thre
                    cache: bool = True, busy: float | None = None, **settings) -> tuple[Profile, bool]:
     """(profile, whether it came from the cache) of ``model``: read from :func:`cache_dir` or measured and stored.
 
-    ``busy``: cores other processes keep busy now (default: measured over 0.2 s). A cached profile taken
-    under another load (:func:`same_load`) is measured again and replaced. ``settings`` go to
+    ``busy``: cores other processes keep busy now (default: measured over 0.2 s). A new profile records the
+    larger of that and the load measured while profiling (a neighbour that started meanwhile counts); a
+    cached profile taken under another load (:func:`same_load`) is measured again and replaced. ``settings`` go to
     :func:`profile_model` (batch_sizes, prompt_len, ...) and into the key.
     """
     import torch
 
-    from ..runtime.threads import busy_cores
+    from ..runtime.threads import OtherLoad, busy_cores
 
     config, _ = load_model_config(model)
     used_threads = threads if threads is not None else torch.get_num_threads()
@@ -217,7 +218,14 @@ def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", thre
         if found is not None:
             log.info("calibrate: the cached profile of %s was measured with %.1f cores busy elsewhere, %.1f now: "
                      "measuring again", found.source, found.busy_cores, busy)
-    profile = profile_model(model, device=device, threads=used_threads, **settings).model_copy(update={"busy_cores": busy})
+    meter = OtherLoad()
+    profile = profile_model(model, device=device, threads=used_threads, **settings)
+    during = meter.cores()
+    if during is not None and not same_load(busy, during):
+        log.info("calibrate: %.1f cores were busy elsewhere before profiling %s and %.1f while it ran: the profile "
+                 "is stored as measured under the larger load, so a run under the other load measures again",
+                 busy, profile.source, during)
+    profile = profile.model_copy(update={"busy_cores": max(busy, during or 0.0)})
     if cache:
         file.parent.mkdir(parents=True, exist_ok=True)
         staging = file.with_suffix(f".{os.getpid()}.tmp")

@@ -62,7 +62,7 @@ class Profile(BaseModel):
     controller_s: tuple[float, ...] = Field(description="One GAE call on (b, response_len) tensors.")
     seconds: float = Field(0.0, description="Wall time the profiling took (not counting the cache).")
     busy_cores: float = Field(0.0, ge=0.0, description="Cores other processes kept busy just before measuring "
-                              "(hybridflow.runtime.threads.busy_cores): the load the figures were taken under.")
+                              "or while it ran, the larger (hybridflow.runtime.threads): the load the figures were taken under.")
 
     @property
     def seq_len(self) -> int:

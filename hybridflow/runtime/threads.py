@@ -22,7 +22,7 @@ import logging
 import os
 import time
 
-__all__ = ["available_cores", "busy_cores", "slot_threads", "warn_if_oversubscribed"]
+__all__ = ["OtherLoad", "available_cores", "busy_cores", "slot_threads", "warn_if_oversubscribed"]
 
 log = logging.getLogger("hybridflow.runtime")
 
@@ -46,25 +46,42 @@ def _cpu_times() -> tuple[float, float] | None:
     return sum(fields) - idle, sum(fields)
 
 
+class OtherLoad:
+    """Cores other processes keep busy from its creation to :meth:`cores` (``/proc/stat``), e.g. over a
+    measurement this process makes: the busy share of all cores in the window minus this process's own
+    CPU time in it."""
+
+    def __init__(self) -> None:
+        self._start, self._own, self._wall = _cpu_times(), time.process_time(), time.perf_counter()
+
+    def cores(self, min_window_s: float = 0.05) -> float | None:
+        """Busy cores elsewhere since creation; None without ``/proc/stat`` or for a window under ``min_window_s``."""
+        wall = time.perf_counter() - self._wall
+        after = _cpu_times()
+        if self._start is None or after is None or wall < min_window_s:
+            return None
+        busy, total = after[0] - self._start[0], after[1] - self._start[1]
+        if total <= 0:
+            return None
+        own = time.process_time() - self._own
+        return max(0.0, (os.cpu_count() or 1) * busy / total - own / wall)
+
+
 def busy_cores(window_s: float = 0.2) -> float:
-    """Cores kept busy by *other* processes: measured over ``window_s`` (``/proc/stat``), else the load average.
+    """Cores kept busy by *other* processes: measured over ``window_s`` (:class:`OtherLoad`), else the load average.
 
     ``busy = cores x (busy jiffies / all jiffies)`` over the window, minus this process's own CPU time
     in it; a sleeping window of this process, so its own share is ~0. Never negative.
     """
-    cores = os.cpu_count() or 1
-    before, own_before = _cpu_times(), time.process_time()
-    if before is None:
+    meter = OtherLoad()
+    if meter._start is None:
         try:
             return max(0.0, float(os.getloadavg()[0]))
         except (AttributeError, OSError):
             return 0.0
     time.sleep(window_s)
-    after, own = _cpu_times(), time.process_time() - own_before
-    busy, total = after[0] - before[0], after[1] - before[1]
-    if total <= 0:
-        return 0.0
-    return max(0.0, cores * busy / total - own / window_s)
+    busy = meter.cores(min_window_s=0.0)
+    return 0.0 if busy is None else busy
 
 
 def slot_threads(share: int | None, *, requested: int | None = None, busy: float | None = None) -> int:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -221,6 +224,29 @@ def test_a_profile_cached_under_another_load_is_measured_again(tmp_path, fake_pr
     assert not cached and len(fake_profiler) == 2 and idle.busy_cores == 0.1
     _, cached = cached_profile(model, threads=1, busy=0.0)
     assert cached and len(fake_profiler) == 2
+
+
+def test_a_neighbour_that_starts_while_profiling_is_recorded_and_an_idle_run_measures_again(tmp_path, monkeypatch):
+    """The load check before profiling saw an idle machine, but a neighbour used a core while the profile ran
+    (runs started together): the profile must not be taken for an idle one later."""
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat: the load while profiling cannot be measured")
+    calls = []
+    exact = _times(CPU.model_copy(update=OVERHEADS))
+
+    def beside_a_neighbour(model, device="cpu", threads=None, **settings):
+        calls.append(model)
+        spin = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+        subprocess.run([sys.executable, "-c", spin], check=True)  # one core busy for 1 s of its own CPU time
+        return _profile(**exact).model_copy(update={"threads": threads, "source": str(model)})
+
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibration, "profile_model", beside_a_neighbour)
+    model = _model_dir(tmp_path)
+    loaded, cached = cached_profile(model, threads=1, busy=0.0)
+    assert not cached and loaded.busy_cores >= 0.6
+    _, cached = cached_profile(model, threads=1, busy=0.0)  # idle now: measured again, not reused
+    assert not cached and len(calls) == 2
 
 
 def test_load_beyond_the_core_count_is_the_same_load():
