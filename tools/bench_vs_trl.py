@@ -262,7 +262,7 @@ def learn_streams(args, sides: dict, base: RunConfig, out: Path, tag: str) -> di
     jobs = []  # (seed, side, config) in the order they run: both sides of stream 0, then of stream 1, ...
     for seed in args.seeds:
         model_dir = make_model(out / f"model_seed{seed}", seed, args.threads)
-        for k in range(args.streams):
+        for k in range(args.first_stream, args.first_stream + args.streams):
             s = stream_seed(seed, k)
             for side, (python, runner, variant) in sides.items():
                 cfg = replace(base, model_dir=str(model_dir), seed=seed, variant={**variant, switch[side]: s},
@@ -287,9 +287,10 @@ def learn_streams(args, sides: dict, base: RunConfig, out: Path, tag: str) -> di
         print(f"  model seed {seed}, step {checkpoints[-1]}: " + "; ".join(
             f"{side} " + " ".join(f"{v:.2f}" for v in values) for side, values in last.items()))
     summary = {"settings": vars(args), "trl_version": TRL_VERSION, "runs": runs, **result}
-    (out / f"summary_streams{tag}.json").write_text(
+    name = f"summary_streams{tag}" + (f"_from{args.first_stream}" if args.first_stream else "")
+    (out / f"{name}.json").write_text(
         json.dumps(summary, indent=1, default=lambda o: vars(o) if hasattr(o, "__dict__") else str(o)))
-    print(f"\nrecords and summary_streams{tag}.json in {out}")
+    print(f"\nrecords and {name}.json in {out}")
     return summary
 
 
@@ -390,6 +391,8 @@ def main(argv=None) -> None:
     p.add_argument("--tag", default="", help="name of a variant run's record files")
     p.add_argument("--streams", type=int, default=0,
                    help="N > 0: N sampling streams per side on each seed's model folder, compared as distributions")
+    p.add_argument("--first-stream", type=int, default=0,
+                   help="with --streams: the first stream's index (streams first .. first+N-1), to add streams to a study")
     p.add_argument("--checkpoint-every", type=int, default=50, help="with --streams: steps compared (a multiple of "
                    "--eval-every)")
     p.add_argument("--jobs", type=int, default=1, help="with --streams: runs at a time (2 runs both sides of a stream "
