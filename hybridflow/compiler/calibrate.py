@@ -164,10 +164,15 @@ def calibrated_cluster(cluster: ClusterSpec, profile: Profile | Sequence[Profile
 
 
 # ---------------------------------------------------------------- the cache
+def cache_root() -> Path:
+    """``$HYBRIDFLOW_CACHE``, default ``~/.cache/hybridflow``: hybridflow's cache (calibration profiles, built-in models)."""
+    root = os.environ.get("HYBRIDFLOW_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "hybridflow"
+
+
 def cache_dir() -> Path:
     """``$HYBRIDFLOW_CACHE/calibration``, default ``~/.cache/hybridflow/calibration``."""
-    root = os.environ.get("HYBRIDFLOW_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "hybridflow") / "calibration"
+    return cache_root() / "calibration"
 
 
 _NOT_SHAPE = ("_name_or_path", "transformers_version")

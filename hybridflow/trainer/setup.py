@@ -36,22 +36,73 @@ def _make_builtin_model(path: Path, seed: int) -> None:
     The warm-up trains on ``a+b=<random wrong answer><eos>`` (never the true sum, see
     :func:`~hybridflow.data.tasks.arithmetic.random_wrong_answer`): it teaches the shape of
     an answer, so that RL spends its steps on correctness. Written to a temporary folder
-    and renamed, so an interrupted run never leaves a half-made model behind.
+    and renamed, so an interrupted run never leaves a half-made model behind. A model once
+    made is kept in ``$HYBRIDFLOW_CACHE/builtin_models`` (:func:`_builtin_key`: the seed, the
+    thread count, the versions and the source of the code that makes it) and copied from there.
     """
     import shutil
 
+    from ..compiler.calibrate import cache_root
+
+    staging = path.with_name(path.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    cached = cache_root() / "builtin_models" / _builtin_key(seed)
+    if (cached / "config.json").is_file():
+        shutil.copytree(cached, staging)
+    else:
+        _build_builtin_model(staging, seed)
+        _store(staging, cached)
+    staging.rename(path)
+
+
+def _build_builtin_model(folder: Path, seed: int) -> None:
     from ..data import create_tiny_model_dir, load_causal_lm, load_tokenizer
     from ..data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
     from .warmup import supervised_warmup
 
-    staging = path.with_name(path.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    create_tiny_model_dir(staging, task="arithmetic", seed=seed, hidden=64, layers=2, heads=4, kv_heads=2)
-    model = load_causal_lm(staging)
-    supervised_warmup(model, load_tokenizer(staging), make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3,
+    create_tiny_model_dir(folder, task="arithmetic", seed=seed, hidden=64, layers=2, heads=4, kv_heads=2)
+    model = load_causal_lm(folder)
+    supervised_warmup(model, load_tokenizer(folder), make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3,
                       seed=seed)
-    model.save_pretrained(staging)
-    staging.rename(path)
+    model.save_pretrained(folder)
+
+
+def _builtin_key(seed: int) -> str:
+    """What the built-in model's bytes depend on: seed, torch threads (the warm-up's float order), the torch and
+    transformers versions and the source of the modules that make it (a change to the recipe is a new key)."""
+    import hashlib
+    import inspect
+
+    import torch
+    import transformers
+
+    from ..data import tiny
+    from ..data.tasks import arithmetic
+    from . import warmup
+
+    digest = hashlib.sha256()
+    for module in (tiny, arithmetic, warmup):
+        digest.update(inspect.getsource(module).encode())
+    digest.update(inspect.getsource(_build_builtin_model).encode())
+    digest.update(f"{torch.__version__} {transformers.__version__} {torch.get_num_threads()}".encode())
+    return f"seed{seed}-{digest.hexdigest()[:20]}"
+
+
+def _store(folder: Path, cached: Path) -> None:
+    """Copy ``folder`` to ``cached`` atomically; a copy another process stored first is kept. Best effort:
+    a cache that cannot be written costs the next run the build, nothing else."""
+    import os
+    import shutil
+
+    part = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    try:
+        shutil.rmtree(part, ignore_errors=True)
+        shutil.copytree(folder, part)
+        part.rename(cached)
+    except OSError as err:
+        shutil.rmtree(part, ignore_errors=True)
+        if not (cached / "config.json").is_file():
+            log.info("could not keep the built-in model in %s (%s): it will be built again next time", cached, err)
 
 
 def load_rows(config: PPOConfig) -> tuple[list[dict], list[dict]]:
