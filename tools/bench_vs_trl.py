@@ -16,7 +16,9 @@ one after the other, each in its own process with the same thread count:
   version; TRL is never a dependency of hybridflow).
 
 Equal settings: same model folder, prompts (all 100 ``a+b=``, ``--prompts`` per step,
-reshuffled every epoch), group size, 3 new tokens, temperature 1 with no top-k / top-p /
+reshuffled every epoch; the same prompts at every step on both sides: hybridflow draws TRL's
+RepeatSampler order, ``--own-prompt-order`` keeps its own, and the records' per-step prompt lists
+are compared), group size, 3 new tokens, temperature 1 with no top-k / top-p /
 repetition penalty, reward (exact sum then EOS scores 1; no EOS within the limit scores
 0; the same function, tools/bench_trl/common.py, on both sides), group-std-scaled
 advantages, PPO clip 0.2, no KL, token-mean loss over the step's tokens (TRL "dapo"),
@@ -72,6 +74,7 @@ reused unless ``--fresh``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -161,7 +164,9 @@ def summarise(record: dict) -> dict:
         values = [s[key] for s in tail if key in s]
         return statistics.fmean(values) if values else float("nan")
 
-    return {"acc": {e["step"]: e["greedy_accuracy"] for e in record["evals"]},
+    prompts = [s.get("prompts") for s in steps]
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16] if steps and None not in prompts else None
+    return {"acc": {e["step"]: e["greedy_accuracy"] for e in record["evals"]}, "prompt_digest": digest,
             "grad_gt1": sum(n > 1.0 for n in norms), "grad_max": max(norms, default=float("nan")),
             "steps": len(steps), "entropy_end": tail_mean("entropy"), "length_end": tail_mean("response_length"),
             "reward_end": tail_mean("reward"), "s_per_step": statistics.median([s["time_s"] for s in steps]) if steps else 0.0}
@@ -213,7 +218,10 @@ def print_summary(per_seed: dict[int, dict[str, dict]]) -> dict:
 def learn(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", json.loads(args.hf_variant))}
+    hf_variant = json.loads(args.hf_variant)
+    if "trl" in args.sides and not args.own_prompt_order:  # the same prompts at every step on both sides
+        hf_variant.setdefault("trl_prompt_order", True)
+    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", hf_variant)}
     if "trl" in args.sides:
         sides["trl"] = (str(ensure_trl_venv(Path(args.trl_venv))), "trl_runner.py", json.loads(args.trl_variant))
     if "hybridflow" not in args.sides:
@@ -277,6 +285,10 @@ def learn_streams(args, sides: dict, base: RunConfig, out: Path, tag: str) -> di
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         done = list(pool.map(one, jobs))
     runs = {side: [f for _, s, f in done if s == side] for side in sides}
+    digests = list(zip(*([f["prompt_digest"] for f in side_runs] for side_runs in runs.values())))
+    same = sum(d[0] is not None and d[0] == d[1] for d in digests)
+    print(f"same prompts at every step on both sides: {same} of {len(digests)} streams"
+          + ("" if same == len(digests) else " (hybridflow's --hf-variant '{\"trl_prompt_order\": true}' draws TRL's order)"))
     checkpoints = list(range(0, args.steps + 1, args.checkpoint_every))
     result = compare_streams(runs, checkpoints)
     print_comparison(result, f"greedy accuracy over {args.streams} sampling streams x model seeds {args.seeds} per side "
@@ -388,6 +400,9 @@ def main(argv=None) -> None:
     p.add_argument("--sides", nargs="+", choices=("hybridflow", "trl"), default=["hybridflow", "trl"])
     p.add_argument("--hf-variant", default="{}", help="JSON switches for the hybridflow runner (diagnosis)")
     p.add_argument("--trl-variant", default="{}", help="JSON switches for the TRL runner (diagnosis)")
+    p.add_argument("--own-prompt-order", action="store_true",
+                   help="hybridflow draws its own prompt order (default beside TRL: TRL's RepeatSampler order, so "
+                        "both sides train on the same prompts at every step)")
     p.add_argument("--tag", default="", help="name of a variant run's record files")
     p.add_argument("--streams", type=int, default=0,
                    help="N > 0: N sampling streams per side on each seed's model folder, compared as distributions")

@@ -141,6 +141,7 @@ def run(cfg: RunConfig) -> None:
     rows, tokenizer = arithmetic_rows(), load_tokenizer(cfg.model_dir)
     evals: list[dict] = []
     cpu_times: list[float] = []  # process CPU time of each train_step (one thread: barely touched by other load)
+    step_prompts: list[list[str]] = []  # each step's prompts, in order
     train_overrides = dict(cfg.variant.get("train", {}))
     if cfg.lr_schedule != "constant":
         train_overrides.update(lr_schedule=cfg.lr_schedule, total_steps=cfg.steps)
@@ -157,6 +158,7 @@ def run(cfg: RunConfig) -> None:
             start = time.process_time()
             metrics = super().train_step(rows)
             cpu_times.append(time.process_time() - start)
+            step_prompts.append([row["prompt"] for row in rows])
             return metrics
 
         def role_specs(self):
@@ -183,7 +185,8 @@ def run(cfg: RunConfig) -> None:
     history = trainer.train()
     wall = time.perf_counter() - start
     steps = [{"step": i + 1, **{name: float(m[key]) for key, name in METRICS.items() if key in m},
-              "time_s": float(m.get("timing_s/step", 0.0)), "cpu_s": cpu} for i, (m, cpu) in enumerate(zip(history, cpu_times))]
+              "time_s": float(m.get("timing_s/step", 0.0)), "cpu_s": cpu, "prompts": prompts}
+             for i, (m, cpu, prompts) in enumerate(zip(history, cpu_times, step_prompts))]
     write_record(out, framework="hybridflow", config=cfg, steps=steps, evals=evals, wall_s=wall)
 
 

@@ -68,8 +68,11 @@ def run(cfg: RunConfig) -> None:
     eos = tokenizer.eos_token_id
     model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch.float32)
 
+    step_prompts: list[list[str]] = []  # each step's distinct prompts, in order (the reward sees them all)
+
     def exact_sum(prompts, completions, completion_ids, ground_truth, **_):
         """common.exact_sum_score on the completion's token ids (TRL's text drops special tokens)."""
+        step_prompts.append(list(prompts[::cfg.group]))
         return [exact_sum_score(ids, truth, tokenizer, eos) for ids, truth in zip(completion_ids, ground_truth)]
 
     steps: list[dict] = []
@@ -88,7 +91,8 @@ def run(cfg: RunConfig) -> None:
 
         def on_step_end(self, args, state, control, model=None, **kw):
             elapsed, cpu = time.perf_counter() - self.started, time.process_time() - self.started_cpu
-            steps.append({"step": state.global_step, "time_s": elapsed, "cpu_s": cpu})
+            steps.append({"step": state.global_step, "time_s": elapsed, "cpu_s": cpu,
+                          "prompts": step_prompts[-1] if step_prompts else None})
             if state.global_step % cfg.eval_every == 0 or state.global_step == cfg.steps:
                 acc = greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)
                 evals.append({"step": state.global_step, "greedy_accuracy": acc})
