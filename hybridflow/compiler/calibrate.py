@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -52,7 +53,7 @@ from .profiling import Profile, host_description, load_model_config, profile_mod
 log = logging.getLogger("hybridflow.compiler")
 
 __all__ = ["Profile", "profile_model", "fit_line", "calibrated_cluster", "engine_cost_options", "cache_dir",
-           "profile_key", "same_load", "cached_profile", "calibrate", "FITTED_FIELDS"]
+           "profile_key", "load_level", "cached_profile", "calibrate", "FITTED_FIELDS"]
 
 FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward_overhead_s",
                  "train_micro_batch_overhead_s", "optimizer_step_overhead_s", "prefill_overhead_s",
@@ -62,11 +63,13 @@ FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward
 PROFILE_FORMAT = 3
 """Part of the cache key: bump it when what profile_model measures changes."""
 
-LOAD_TOLERANCE_CORES = 0.75
-"""A cached profile is reused only while the cores other processes keep busy are within this of what they
-were when it was measured (capped at the core count): times taken beside a busy neighbour are not this
-machine's times when it is idle, and the other way round (a profile cached under load predicted an idle
-run's step 2.5x too slow)."""
+def load_level(busy: float, cores: int | None = None) -> int:
+    """The load a profile belongs to: the cores other processes keep busy, capped at the machine's ``cores`` and
+    rounded to a whole core. Times taken beside a busy neighbour are not this machine's times when it is idle,
+    and the other way round (a profile cached under load predicted an idle run's step 2.5x too slow), so each
+    level has a profile of its own: a machine that is idle at times and busy at others measures each once."""
+    cores = cores or os.cpu_count() or 1
+    return int(math.floor(min(max(busy, 0.0), cores) + 0.5))
 
 
 def fit_line(x: Sequence[float], t: Sequence[float], *, min_slope: float = 0.0) -> tuple[float, float]:
@@ -189,21 +192,14 @@ def profile_key(config: Mapping, device: str, threads: int, **settings) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def same_load(measured: float, now: float, cores: int | None = None) -> bool:
-    """Whether a profile measured with ``measured`` cores busy elsewhere holds with ``now`` busy
-    (both capped at the machine's ``cores``; see :data:`LOAD_TOLERANCE_CORES`)."""
-    cores = cores or os.cpu_count() or 1
-    return abs(min(measured, cores) - min(now, cores)) <= LOAD_TOLERANCE_CORES
-
-
 def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", threads: int | None = None, *,
                    cache: bool = True, busy: float | None = None, **settings) -> tuple[Profile, bool]:
     """(profile, whether it came from the cache) of ``model``: read from :func:`cache_dir` or measured and stored.
 
-    ``busy``: cores other processes keep busy now (default: measured over 0.2 s). A new profile records the
-    larger of that and the load measured while profiling (a neighbour that started meanwhile counts); a
-    cached profile taken under another load (:func:`same_load`) is measured again and replaced. ``settings`` go to
-    :func:`profile_model` (batch_sizes, prompt_len, ...) and into the key.
+    ``busy``: cores other processes keep busy now (default: measured over 0.2 s); the profile of its
+    :func:`load_level` is used. A new profile records the larger of that and the load measured while
+    profiling (a neighbour that started meanwhile counts), and is stored under that load's level.
+    ``settings`` go to :func:`profile_model` (batch_sizes, prompt_len, ...) and into the key.
     """
     import torch
 
@@ -211,27 +207,24 @@ def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", thre
 
     config, _ = load_model_config(model)
     used_threads = threads if threads is not None else torch.get_num_threads()
-    file = cache_dir() / f"{profile_key(config, device, used_threads, **settings)}.json"
+    key = profile_key(config, device, used_threads, **settings)
     busy = busy_cores() if busy is None else busy
+    file = cache_dir() / f"{key}-load{load_level(busy)}.json"
     if cache and file.is_file():
         try:
-            found = Profile.from_json(file.read_text(encoding="utf-8"))
+            return Profile.from_json(file.read_text(encoding="utf-8")), True
         except ValueError:
-            found = None  # a stale or broken entry: measure again and overwrite it
-        if found is not None and same_load(found.busy_cores, busy):
-            return found, True
-        if found is not None:
-            log.info("calibrate: the cached profile of %s was measured with %.1f cores busy elsewhere, %.1f now: "
-                     "measuring again", found.source, found.busy_cores, busy)
+            pass  # a stale or broken entry: measure again and overwrite it
     meter = OtherLoad()
     profile = profile_model(model, device=device, threads=used_threads, **settings)
     during = meter.cores()
-    if during is not None and not same_load(busy, during):
+    measured_under = max(busy, during or 0.0)
+    if load_level(measured_under) != load_level(busy):
         log.info("calibrate: %.1f cores were busy elsewhere before profiling %s and %.1f while it ran: the profile "
-                 "is stored as measured under the larger load, so a run under the other load measures again",
-                 busy, profile.source, during)
-    profile = profile.model_copy(update={"busy_cores": max(busy, during or 0.0)})
+                 "is kept as one of the higher load", busy, profile.source, during)
+    profile = profile.model_copy(update={"busy_cores": measured_under})
     if cache:
+        file = cache_dir() / f"{key}-load{load_level(measured_under)}.json"
         file.parent.mkdir(parents=True, exist_ok=True)
         staging = file.with_suffix(f".{os.getpid()}.tmp")
         staging.write_text(profile.to_json(), encoding="utf-8")

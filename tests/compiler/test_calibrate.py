@@ -14,7 +14,7 @@ from hybridflow.algorithms import ALGORITHMS
 from hybridflow.cli import main
 from hybridflow.compiler import ClusterSpec, ModelSpec
 from hybridflow.compiler.calibrate import (FITTED_FIELDS, Profile, cached_profile, calibrate, calibrated_cluster,
-                                           engine_cost_options, fit_line, profile_model, same_load)
+                                           engine_cost_options, fit_line, load_level, profile_model)
 from hybridflow.compiler.cluster import CLUSTER_PRESETS, GIB
 from hybridflow.compiler.compile import compile
 from hybridflow.compiler.cost import CostOptions, Generate, Infer, Update, estimate
@@ -214,16 +214,18 @@ def test_cache_round_trips_and_is_keyed_by_threads(tmp_path, fake_profiler):
     assert not cached and len(fake_profiler) == 3
 
 
-def test_a_profile_cached_under_another_load_is_measured_again(tmp_path, fake_profiler):
+def test_each_load_level_has_its_own_profile(tmp_path, fake_profiler):
     model = _model_dir(tmp_path)
     first, _ = cached_profile(model, threads=1, busy=1.6)  # measured beside a neighbour using 1.6 cores
     assert first.busy_cores == 1.6
-    _, cached = cached_profile(model, threads=1, busy=1.2)  # within LOAD_TOLERANCE_CORES: reused
+    _, cached = cached_profile(model, threads=1, busy=1.8)  # the same level (2 cores busy): reused
     assert cached and len(fake_profiler) == 1
-    idle, cached = cached_profile(model, threads=1, busy=0.1)  # the neighbour is gone: measured again, replaced
+    idle, cached = cached_profile(model, threads=1, busy=0.1)  # the neighbour is gone: measured for idle
     assert not cached and len(fake_profiler) == 2 and idle.busy_cores == 0.1
     _, cached = cached_profile(model, threads=1, busy=0.0)
     assert cached and len(fake_profiler) == 2
+    again, cached = cached_profile(model, threads=1, busy=1.7)  # the neighbour is back: its profile is still there
+    assert cached and again == first and len(fake_profiler) == 2
 
 
 def test_a_neighbour_that_starts_while_profiling_is_recorded_and_an_idle_run_measures_again(tmp_path, monkeypatch):
@@ -249,9 +251,9 @@ def test_a_neighbour_that_starts_while_profiling_is_recorded_and_an_idle_run_mea
     assert not cached and len(calls) == 2
 
 
-def test_load_beyond_the_core_count_is_the_same_load():
-    assert same_load(8.0, 30.0, cores=2) and same_load(2.0, 2.7, cores=4)
-    assert not same_load(0.0, 1.0, cores=2) and not same_load(3.0, 1.0, cores=2)
+def test_load_levels_are_whole_cores_capped_at_the_core_count():
+    assert [load_level(b, cores=2) for b in (0.0, 0.49, 0.5, 1.2, 1.6, 8.0, 30.0)] == [0, 0, 1, 1, 2, 2, 2]
+    assert load_level(2.7, cores=4) == 3 and load_level(-0.1, cores=4) == 0
 
 
 def test_calibrate_profiles_each_folder_once_and_skips_rule_roles(tmp_path, fake_profiler):
