@@ -22,7 +22,7 @@ divided by the group std, no KL, no weight decay. ``variant`` switches of the Ru
 - ``trl_prompt_order``: true draws each epoch's prompt order as TRL's RepeatSampler does (one
   ``torch.randperm`` per epoch from a ``torch.Generator`` seeded with the run's seed) instead of
   hybridflow's PromptLoader order (a numpy permutation per (seed, epoch)): the same prompts per step
-  as the TRL run of that seed,
+  as the TRL run of that seed (bench_vs_trl.py learn sets it beside TRL unless --own-prompt-order),
 - ``hf_generate``: true samples with transformers' ``model.generate`` (TRL's sampler, global RNG)
   instead of hybridflow's decode loop; the rollout log-probs then come from a full forward.
 """
