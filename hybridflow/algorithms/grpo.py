@@ -11,6 +11,10 @@ no division by the group's std, and a constant length normaliser.
 ``recompute_old_log_probs=False`` takes PPO's old log-probs from the rollout engine
 (saves one actor forward per step; exact on-policy when the rollout engine computes
 the train engine's log-probs, as the transformers engine does).
+
+``entropy_coef > 0`` adds an entropy bonus to the actor's loss (verl's ``entropy_coeff``):
+with binary rewards a group whose samples all agree has advantage 0, so nothing else
+keeps a prompt that has collapsed onto one wrong answer exploring.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import hybridflow as hf
 
 @hf.algorithm
 def grpo(prompts, actor, ref, reward, *, n=8, norm_by_std=True, clip_ratio=0.2, kl_loss=True, kl_coef=0.001,
-         kl_type="low_var_kl", loss_agg_mode="token-mean", recompute_old_log_probs=True):
+         kl_type="low_var_kl", loss_agg_mode="token-mean", recompute_old_log_probs=True, entropy_coef=0.0):
     rollout = actor.generate(prompts, n=n)
     if recompute_old_log_probs:
         old_logp = actor.logprob(rollout)
@@ -31,4 +35,6 @@ def grpo(prompts, actor, ref, reward, *, n=8, norm_by_std=True, clip_ratio=0.2, 
     if kl_loss:
         inputs.append(ref.logprob(rollout))
         policy_loss += hf.loss("kl_loss", weight=kl_coef, kl_type=kl_type, loss_agg_mode=loss_agg_mode)
+    if entropy_coef:
+        policy_loss += hf.loss("entropy_bonus", weight=entropy_coef, loss_agg_mode=loss_agg_mode)
     actor.update(*inputs, loss=policy_loss)

@@ -81,6 +81,8 @@ def test_grpo_group_dims_kl_loss_and_dr_grpo():
     assert graph.node("grpo_advantage").outputs.get("advantages").dims == ("B*4", "R")
     assert "critic" not in {r.name for r in graph.roles}
     assert _terms(graph, "actor.update") == [("ppo_clip", 1.0), ("kl_loss", 0.001)]
+    with_entropy = ALGORITHMS["grpo"].build(kl_coef=0.1, entropy_coef=0.01)
+    assert _terms(with_entropy, "actor.update") == [("ppo_clip", 1.0), ("kl_loss", 0.1), ("entropy_bonus", 0.01)]
     dr = ALGORITHMS["grpo"].build(norm_by_std=False, loss_agg_mode="seq-mean-token-sum-norm", kl_loss=False)
     assert dict(dr.node("grpo_advantage").attrs.params) == {"norm_by_std": False}
     assert dict(dr.node("actor.update").attrs.terms[0].params)["loss_agg_mode"] == "seq-mean-token-sum-norm"

@@ -4,7 +4,8 @@ The model starts from random weights and a format-only warm-up on wrong answers,
 greedy accuracy starts near 0.1; RL alone must raise it to 0.9. The run has a fixed step
 budget (the recipe's 1,000 steps, stopping early at the target), so the outcome does not
 depend on how fast the machine is, and it is checked on two seeds the recipe was not tuned
-on (it was tuned on seeds 0-4 with tools/bench_learning.py).
+on: it was chosen with tools/bench_learning.py on seeds 0-4 and checked in sweeps over seeds
+0-29; seeds 40 and 41 were never looked at before they were written here.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _load_example():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("seed", [7, 8])
+@pytest.mark.parametrize("seed", [40, 41])
 def test_grpo_reaches_ninety_percent_greedy_accuracy(tmp_path, seed):
     summary = _load_example().main(["--out", str(tmp_path), "--seed", str(seed), "--target", "0.9"])
     curve = summary["curve"]
