@@ -18,12 +18,17 @@ reached 0.5 / 0.9, the median time to 0.9, and the smallest gain.
     .venv-vllm/bin/python tools/bench_learning.py --algo grpo --seeds 0,1,2 --heads 2 --rollout-engine hf,vllm
                                                         # vLLM vs transformers rollouts, same seeds and model
 
-Measured with grpo_arith's recipe (1 thread per run, 2 runs at a time on the shared 2-core machine):
+Measured with grpo_arith's recipe before its entropy bonus (1 thread per run, 2 runs at a time on the
+shared 2-core machine; dapo and cispo have no entropy_coef attribute, so the bonus does not apply to them):
 dapo seeds 0/1 0.08 -> 0.96 / 0.90 greedy (0.5 at step 125 / 250), 38 % / 73 % of groups dropped
 per step, 1.27 / 1.67 extra generation rounds; cispo seeds 0/1 0.08 -> 1.00 / 0.97 (0.5 at 150 / 125).
 
-With ``--heads 2 --rollout-engine hf,vllm`` (seeds 0-2, in .venv-vllm): both engines reached 0.9 on 3/3
+With ``--heads 2 --rollout-engine hf,vllm`` (seeds 0-2, in .venv-vllm, before the entropy bonus): both engines reached 0.9 on 3/3
 seeds, hf at steps 325 / 425 / 350, vllm at 250 / 475 / 475 (docs/rollout_engines.md).
+
+Measured with the recipes as they are (``--jobs 2``, shared 2-core machine): grpo 0.9 on 5/5 seeds
+(0-4: steps 225 / 400 / 575 / 275 / 250, median 19.1 s of RL steps, finals 0.95-0.98); ppo 0.9 on
+5/5 (steps 200-320, median 46.2 s, finals 0.96-0.98, smallest gain +0.88).
 
 Seconds depend on the machine and its load; steps do not. ``--json FILE`` writes every
 curve.
