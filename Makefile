@@ -48,9 +48,14 @@ graphviz:
 demo: install graphviz
 	$(VENV)/bin/hybridflow quickstart
 
+# Both suites always run: the vLLM suite runs even when the main one failed, each prints its summary,
+# and the target fails if either did.
 test: install graphviz vllm-env
-	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=12 $(PYTEST_ARGS)
-	$(MAKE) test-vllm
+	@main=0; vllm=0; \
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=12 $(PYTEST_ARGS) || main=$$?; \
+	$(MAKE) --no-print-directory test-vllm || vllm=$$?; \
+	echo "make test: main suite exit $$main, vLLM suite exit $$vllm"; \
+	test $$main -eq 0 -a $$vllm -eq 0
 
 # The tests that run vLLM for real (tests marked `vllm`), in vLLM's own environment.
 test-vllm: vllm-env

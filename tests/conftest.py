@@ -26,6 +26,15 @@ os.environ.setdefault("HYBRIDFLOW_TEST_CACHE", os.environ["HYBRIDFLOW_CACHE"])  
 # whole session (in every test process, whichever test starts Ray first) print stays print.
 os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Hypothesis checks nothing about time here: by default it fails an example that runs longer than
+# 200 ms (``deadline``) and a strategy that generates slowly (``too_slow``), which on a loaded 2-core
+# machine is a failure of the machine's speed, not of the code. Tests that set their own settings
+# inherit these.
+settings.register_profile("hybridflow", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("hybridflow")
+
 LONGEST = (
     "tests/docs/test_docs.py::test_the_tutorial_runs_as_written",
     "tests/trainer/test_quickstart.py::test_full_quickstart_raises_greedy_accuracy_by_half",

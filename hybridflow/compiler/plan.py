@@ -134,6 +134,19 @@ class ExecutionPlan(_Frozen):
     def roles_on(self, pool: str) -> tuple[str, ...]:
         return tuple(p.role for p in self.placements if p.pool == pool)
 
+    def upstream(self, op: str) -> set[str]:
+        """The names of the ops that op ``op`` waits on, directly or through others (its deps, transitively)."""
+        deps = {o.name: o.deps for o in self.ops}
+        if op not in deps:
+            raise PlanError(f"the plan has no op {op!r}; its ops are {', '.join(deps)}")
+        seen, todo = set(), list(deps[op])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += deps[name]
+        return seen
+
     # -- forms ------------------------------------------------------------------
     def to_json(self, *, indent: int | None = 2) -> str:
         return self.model_dump_json(indent=indent)

@@ -17,6 +17,11 @@ streams:
 * the executor waits on every in-flight op at once and finishes each as its
   slots' results arrive.
 
+Every send and every completion takes the next number of :attr:`PlanExecutor.events`,
+and each op's span keeps its numbers (``sent``, ``done``) and the call it was sent in
+(``call``): the order in which the interpreter issued and collected its ops, which is what
+it decided and does not depend on how fast the workers were (their start and end times do).
+
 A graph's dynamic-sampling region (:mod:`hybridflow.graph.resampling`) is run here too, by
 the :class:`~.resampling.ResampleRun` of the stream: ops after the region wait for it, and
 when its filter has run its body's ops are sent again until the batch is full.
@@ -76,6 +81,10 @@ class InFlight:
     kind: str
     results: dict[int, Any] = field(default_factory=dict)
     times: dict[int, tuple[float, float]] = field(default_factory=dict)
+    sent: int = -1
+    """The executor's event number when it was sent (:attr:`PlanExecutor.events`)."""
+    call: int = 0
+    """The ``run_iteration`` call during which it was sent."""
 
 
 @dataclass
@@ -175,6 +184,8 @@ class PlanExecutor(ABC):
         self.side_spans: list[Span] = []
         """Spans of plans run beside the iterations (:meth:`run_plan`: validation)."""
         self.iteration = 0
+        self.events = 0
+        """How many sends and completions this executor has issued (each one's number goes to its op's span)."""
         self._ahead: Stream | None = None
 
     # -- the transport (subclasses) ------------------------------------------------------------
@@ -268,9 +279,21 @@ class PlanExecutor(ABC):
             raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
         self._check_running()
 
-    def _drive(self, streams: list[Stream], target: Stream) -> None:
-        """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight)."""
-        while not target.finished:
+    def _next_event(self) -> int:
+        self.events += 1
+        return self.events
+
+    def _drive(self, streams: list[Stream], target: Stream, *, settle: Sequence[Stream] = ()) -> None:
+        """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight).
+
+        Streams in ``settle`` are driven until none of their control ops (weight sync, offload, onload) is in
+        flight, and whatever they can send then is sent before this returns: a generation working ahead is
+        left running, not waiting to be sent by a later call.
+        """
+        def moving(stream: Stream) -> bool:
+            return any(f.kind != "node" for f in stream.inflight.values())
+
+        while not target.finished or any(moving(s) for s in settle):
             for stream in streams:
                 self._send_ready(stream)
             flights = [(stream, f) for stream in streams for f in stream.inflight.values()]
@@ -285,8 +308,10 @@ class PlanExecutor(ABC):
                 if self._collect(flight):
                     del stream.inflight[flight.op.name]
                     flight.finish([flight.results[i] for i in range(len(flight.refs))])
-                    self._record(flight, stream.iteration)
+                    self._record(flight, stream.iteration, self._next_event())
                     stream.done.add(flight.op.name)
+        for stream in settle:
+            self._send_ready(stream)
 
     def _send_ready(self, stream: Stream) -> None:
         """Send (or, for controller ops, run) every op whose deps are done, keeping each pool's plan order."""
@@ -309,12 +334,14 @@ class PlanExecutor(ABC):
                     progress = True
                 else:
                     try:
-                        stream.inflight[op.name] = OP_SUBMITTERS[op.kind](self, op, stream.state)
+                        flight = OP_SUBMITTERS[op.kind](self, op, stream.state)
                     except HybridflowError:
                         raise
                     except Exception as err:
                         raise ExecutionError(f"op {op.name!r} (role {op.role!r} on pool {op.pool!r}) could not be sent: "
                                              f"{type(err).__name__}: {err}") from err
+                    flight.sent, flight.call = self._next_event(), self.iteration
+                    stream.inflight[op.name] = flight
 
     @staticmethod
     def _after_filter(op: PlanOp, stream: Stream) -> None:
@@ -327,8 +354,9 @@ class PlanExecutor(ABC):
 
     def _run_controller(self, op: PlanOp, stream: Stream) -> None:
         node = self.graph.node(op.node)
+        sent = self._next_event()  # it runs here and now: sent and done in one
         with self.recorder.record(op=op.name, node=op.node, kind=node.kind, role=op.role, device=CONTROLLER,
-                                  iteration=stream.iteration):
+                                  iteration=stream.iteration, sent=sent, done=sent, call=self.iteration):
             try:
                 if op.reuse:
                     log_probs = reused_log_probs(stream.state.env, op.reuse)
@@ -354,9 +382,10 @@ class PlanExecutor(ABC):
         """A wall-clock time of a worker on the recorder's clock."""
         return wall - (time.time() - self.recorder.now())
 
-    def _record(self, flight: InFlight, iteration: int) -> None:
+    def _record(self, flight: InFlight, iteration: int, done: int) -> None:
         op = flight.op
-        fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=iteration)
+        fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=iteration,
+                      sent=flight.sent, done=done, call=flight.call)
         for i, slot in enumerate(flight.slots):
             start, end = flight.times[i]
             self.worker_spans.append(Span(device=slot.name, start=self._clock(start), end=self._clock(end), **fields))

@@ -13,7 +13,9 @@ its own. A call ``run_iteration(inputs_i, next_inputs=inputs_i+1)`` then
    so no collective of the sync waits on a long generation;
 3. runs step i's other ops on the rollout of ``inputs_i`` while step i+1's
    generation runs on the generation pool, and returns as soon as step i is
-   done, leaving the generation in flight for the next call.
+   done and step i+1's generation has been sent (its weight sync, queued before
+   step i's update, is done by then), leaving the generation in flight for the
+   next call.
 
 So the rollout trained at step i was sampled with weights one update older
 than the ones training on it; a graph with ``truncated_is_weight`` and
@@ -64,7 +66,7 @@ def run_overlapped(ex: "PlanExecutor", inputs: Mapping[str, Batch], next_inputs:
         # step's rollout is in, so the generation pool is free to receive at once (no collective waits on it).
         following = Stream(list(ahead_ops), IterationState(env=dict(next_inputs)), ex.iteration + 1, inputs=next_inputs)
         streams.insert(0, following)
-    ex._drive(streams, step)
+    ex._drive(streams, step, settle=[following] if following else [])
     ex._ahead = following
     ex.iteration += 1
     return IterationResult(env=step.state.env, metrics=step.state.metrics)

@@ -29,6 +29,13 @@ class Span:
     start: float
     end: float
     iteration: int = 0
+    sent: int | None = None
+    """The executor's event number when the op was sent (an order, not a time: see ``PlanExecutor.events``)."""
+    done: int | None = None
+    """The event number when its results were collected."""
+    call: int | None = None
+    """The ``run_iteration`` call (numbered from 0) during which it was sent; with overlap, a generation of
+    iteration i+1 is sent during call i."""
 
 
 class SpanRecorder:
@@ -58,8 +65,9 @@ class SpanRecorder:
         def __exit__(self, *exc) -> None:
             self.recorder.add(Span(start=self.start, end=self.recorder.now(), **self.fields))
 
-    def record(self, *, op: str, node: str | None, kind: str, role: str, device: str, iteration: int = 0):
-        return self._Timer(self, dict(op=op, node=node, kind=kind, role=role, device=device, iteration=iteration))
+    def record(self, *, op: str, node: str | None, kind: str, role: str, device: str, iteration: int = 0, **order):
+        """Time the block; ``order`` may give the span's ``sent``, ``done`` and ``call`` (see :class:`Span`)."""
+        return self._Timer(self, dict(op=op, node=node, kind=kind, role=role, device=device, iteration=iteration, **order))
 
 
 def chrome_trace(spans: Iterable[Span], *, process: str = "hybridflow run") -> dict:

@@ -39,11 +39,10 @@ def test_warning_when_oversubscribed(eight_cores, caplog):
 def test_busy_cores_sees_a_busy_neighbour_and_not_this_process():
     if not os.path.exists("/proc/stat"):
         pytest.skip("no /proc/stat: busy_cores falls back to the load average")
-    burner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    burner = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
+                              stdout=subprocess.PIPE, text=True)
     try:
-        import time
-
-        time.sleep(0.3)
+        assert burner.stdout.readline() == "spinning\n"  # measured once its loop has started, however slow its start
         busy = threads.busy_cores(window_s=0.5)
     finally:
         burner.kill()

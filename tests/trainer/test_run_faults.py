@@ -49,7 +49,7 @@ def _steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 90) -> None:
+def _wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -54,8 +54,16 @@ def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluste
         assert (gap < 1e-5) if i == 0 else (gap > 1e-4)
         expected_weights = torch.clamp(torch.exp(old - rollout["rollout_log_probs"]), max=CAP) * mask
         assert torch.allclose(result.env["truncated_is_weight"]["is_weights"] * mask, expected_weights, atol=1e-6)
-    # The generation for step i+1 started before step i's update ended.
+    # The order the interpreter issued its ops in (event numbers, not times): during the call that trains
+    # step i, step i+1's weight sync is queued on the train pool ahead of step i's update, and step i+1's
+    # generation is sent once the sync is in, before the call returns.
+    def record(op: str, iteration: int, pool: str):
+        (span,) = [s for s in spans if s.op == op and s.iteration == iteration and s.device == pool]
+        return span
+
     for i in range(2):
-        generate = next(s for s in spans if s.op == "actor.generate" and s.iteration == i + 1 and s.device == "pool1")
-        update = next(s for s in spans if s.op == "actor.update" and s.iteration == i and s.device == "pool0")
-        assert generate.start < update.end
+        update, sync = record("actor.update", i, "pool0"), record("actor.weight_sync", i + 1, "pool0")
+        generate = record("actor.generate", i + 1, "pool1")
+        assert sync.call == generate.call == update.call == i
+        assert sync.sent < update.sent and sync.done < generate.sent
+    assert "actor.update" not in plan.upstream("actor.generate")  # the compiler's decision: no wait on the update
