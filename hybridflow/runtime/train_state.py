@@ -108,6 +108,8 @@ def load_train_state(engine, folder: str | Path, saved: Mapping[str, Any], *, ro
         set_optimizer_state_dict(engine.module, engine.optimizer,
                                  {"state": optim["state"], "param_groups": [dict(g) for g in saved["param_groups"]]})
         engine.scheduler.load_state_dict(saved["scheduler"])
+    except CheckpointError as err:
+        raise CheckpointError(f"role {role!r}: {err}") from None
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"role {role!r}: the checkpoint does not fit this model ({err}); "
                               "was it written by a run with another model?") from None

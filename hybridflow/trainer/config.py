@@ -29,7 +29,13 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 
 
 class LRSchedule(BaseModel):
-    """The learning-rate schedule of one trainable role (verl's ``optim`` section).
+    """The learning-rate schedule of one trainable role (verl's ``optim`` section). Its steps are
+    training steps, not optimizer steps: training step t (0-based) runs at the schedule's value for
+    t in all of its mini-batches, whether or not their optimizer updates are taken (one skipped for
+    a non-finite loss, counted in ``<role>/nan_skipped``, still uses up its value, as in verl; a
+    zero-advantage mini-batch takes its zero-gradient step at that rate). So the rate of every step
+    is known before the run, and a resumed run, a run that skipped updates and the plan agree.
+    ``<role>/lr`` logs the rate of each step.
 
     A factor of the role's peak learning rate, stepped once per training step: a linear
     warm-up from ``lr / W`` to ``lr`` over the first ``W`` steps, then ``constant``, ``linear``
@@ -42,10 +48,10 @@ class LRSchedule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after the warm-up: constant (none), linear or cosine.")
-    warmup_steps: int = Field(0, ge=0, description="Steps of linear warm-up; 0: warmup_ratio decides.")
+    warmup_steps: int = Field(0, ge=0, description="Training steps of linear warm-up; 0: warmup_ratio decides.")
     warmup_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Warm-up as a fraction of decay_steps, used when warmup_steps is 0 (verl's lr_warmup_steps_ratio).")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Learning rate at the end of the decay, as a fraction of the peak.")
-    decay_steps: int | None = Field(None, ge=1, description="Steps the schedule spans (warm-up included); None: the run's max_steps. Set it when a run will be resumed with a larger max_steps, so that the schedule does not change.")
+    decay_steps: int | None = Field(None, ge=1, description="Training steps the schedule spans (warm-up included); None: the run's max_steps. Set it when a run will be resumed with a larger max_steps, so that the schedule does not change.")
 
     def engine_settings(self, max_steps: int) -> dict:
         """The :class:`~hybridflow.runtime.engines.TrainEngineConfig` fields of this schedule for a run of ``max_steps``."""

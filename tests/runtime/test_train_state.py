@@ -30,7 +30,7 @@ def _step(engine: TrainEngine, scale: float) -> None:
     for index, param in enumerate(engine.module.parameters()):
         param.grad = torch.full_like(param, scale * (index + 1))
     engine.optimizer.step()
-    engine.scheduler.step()
+    engine.scheduler.advance()
     engine.optimizer.zero_grad(set_to_none=True)
 
 
@@ -59,7 +59,7 @@ def test_round_trip_on_one_process(tmp_path):
     target = TrainEngine(tiny(), CONFIG)  # the same initial weights, no optimizer state yet
     load_train_state(target, tmp_path / "actor", saved, role="actor")
     _assert_same(*_by_name(source), *_by_name(target))
-    assert target.lr == pytest.approx(source.lr) and target.scheduler.last_epoch == 2
+    assert target.lr == pytest.approx(source.lr) and target.scheduler.training_step == 2
     assert torch.equal(target._shuffle.get_state(), source._shuffle.get_state())
     _step(source, 0.2)
     _step(target, 0.2)  # and they go on alike
@@ -112,4 +112,4 @@ def test_a_dp2_fsdp_checkpoint_loads_into_one_plain_engine(tmp_path):
     engine = TrainEngine(tiny(), CONFIG)
     load_train_state(engine, tmp_path / "actor", saved, role="actor")  # no process group: the shards resharded
     _assert_same(full["model"], full["optim"], *_by_name(engine))
-    assert engine.scheduler.last_epoch == 2
+    assert engine.scheduler.training_step == 2

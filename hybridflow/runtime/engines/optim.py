@@ -1,7 +1,8 @@
 """Train engine settings, the AdamW optimizer and the learning-rate schedule.
 
 The schedule is a factor of the base learning rate, one step per ``update``
-call (one training iteration, whatever its number of mini-batches):
+call (one training step, whatever its number of mini-batches and whether or
+not its optimizer steps were taken; see :class:`TrainingStepSchedule`):
 
     step k < W:          f(k) = (k + 1) / W                                  linear warm-up
     step k >= W:         p = min(1, (k - W) / max(1, N - W))                 progress of the decay
@@ -15,12 +16,14 @@ warm-up starts at ``lr / W`` rather than 0 so that no update is wasted.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["TrainEngineConfig", "lr_factor", "build_optimizer", "build_scheduler"]
+from hybridflow.errors import CheckpointError
+
+__all__ = ["TrainEngineConfig", "lr_factor", "build_optimizer", "TrainingStepSchedule"]
 
 
 class TrainEngineConfig(BaseModel):
@@ -33,9 +36,9 @@ class TrainEngineConfig(BaseModel):
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW decoupled weight decay.")
     eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm to this; None = no clipping (the norm is still reported).")
-    warmup_steps: int = Field(0, ge=0, description="Updates of linear learning-rate warm-up.")
+    warmup_steps: int = Field(0, ge=0, description="Training steps (update calls) of linear learning-rate warm-up.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after the warm-up.")
-    total_steps: int | None = Field(None, ge=1, description="Number of updates the decay spans (needed by linear and cosine).")
+    total_steps: int | None = Field(None, ge=1, description="Training steps (update calls) the schedule spans, warm-up included (needed by linear and cosine).")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Learning rate at the end of the decay, as a fraction of lr.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the batch per update.")
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step; None = the whole batch (one step per epoch).")
@@ -59,7 +62,7 @@ class TrainEngineConfig(BaseModel):
 
 
 def lr_factor(step: int, *, warmup_steps: int, schedule: str, total_steps: int | None, min_lr_ratio: float) -> float:
-    """Multiplier of the base learning rate at update ``step`` (0-based); see the module docstring."""
+    """Multiplier of the base learning rate at training step ``step`` (0-based); see the module docstring."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -95,10 +98,77 @@ def _fusable(params: list[torch.Tensor]) -> bool:
                                 for p in params)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainEngineConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR applying :func:`lr_factor` with the config's schedule."""
-    def factor(step: int) -> float:
-        return lr_factor(step, warmup_steps=config.warmup_steps, schedule=config.lr_schedule,
-                         total_steps=config.total_steps, min_lr_ratio=config.min_lr_ratio)
+class TrainingStepSchedule:
+    """Sets the optimizer's learning rate for each training step: ``base_lr * lr_factor(step)``.
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    The schedule follows *training steps* (``TrainEngine.update`` calls), not the optimizer steps
+    actually taken. Step ``t`` runs at :meth:`lr_at` ``(t)`` whatever happened before it, so the
+    rate of every step is known in advance, and a resumed run, a run that skipped updates and a
+    plan's predicted schedule agree; all mini-batches of a step use the same rate. An update
+    skipped for a non-finite loss still uses up its step of the schedule (as in verl, where the
+    scheduler steps once per actor update whether or not the optimizer stepped); a mini-batch
+    whose rows all have zero advantage takes its zero-gradient optimizer step at that rate.
+
+    The rate is set here, not by a torch ``LRScheduler``: that one expects an ``optimizer.step()``
+    before each of its ``step()`` calls and warns ("Detected call of lr_scheduler.step() before
+    optimizer.step()") after an update whose optimizer steps were all skipped.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: TrainEngineConfig):
+        self.optimizer = optimizer
+        self.config = config
+        self.base_lr = config.lr
+        self.training_step = 0  # 0-based index of the next training step = training steps done
+        self.apply()
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of training step ``step`` (0-based)."""
+        return self.base_lr * lr_factor(step, warmup_steps=self.config.warmup_steps, schedule=self.config.lr_schedule,
+                                        total_steps=self.config.total_steps, min_lr_ratio=self.config.min_lr_ratio)
+
+    def apply(self) -> float:
+        """Set the rate of the current training step on every param group; returns it."""
+        lr = self.lr_at(self.training_step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def advance(self) -> None:
+        """End the current training step (taken or skipped) and set the next one's rate."""
+        self.training_step += 1
+        self.apply()
+
+    def set_base_lr(self, lr: float) -> None:
+        """Change the peak learning rate; the factor of the current step still applies."""
+        self.base_lr = lr
+        self.apply()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"training_step", "base_lr"}``: the position in the schedule and the peak rate."""
+        return {"training_step": self.training_step, "base_lr": self.base_lr}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s result, or a torch ``LambdaLR`` state of an older checkpoint."""
+        self.training_step, self.base_lr = _saved_position(state)
+        self.apply()
+
+
+def _saved_position(state: Any) -> tuple[int, float]:
+    """``(training_step, base_lr)`` of a saved schedule.
+
+    Checkpoints written before :class:`TrainingStepSchedule` hold a torch ``LambdaLR`` state whose
+    ``last_epoch`` counted ``update`` calls too (it was stepped once per update), so it is the same
+    position; ``base_lrs`` has one entry per param group, all equal here.
+    """
+    if isinstance(state, Mapping) and {"training_step", "base_lr"} <= state.keys():
+        step, base_lr = state["training_step"], state["base_lr"]
+    elif isinstance(state, Mapping) and "last_epoch" in state and state.get("base_lrs"):
+        step, base_lr = state["last_epoch"], state["base_lrs"][0]
+    else:
+        keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+        raise CheckpointError(f"the saved learning-rate schedule ({keys}) has neither training_step and base_lr "
+                              "nor a torch LambdaLR's last_epoch and base_lrs; was it written by another program?")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(base_lr, (int, float)):
+        raise CheckpointError(f"the saved learning-rate schedule is malformed: training step {step!r}, "
+                              f"base lr {base_lr!r} (expected an integer >= 0 and a number)")
+    return step, float(base_lr)

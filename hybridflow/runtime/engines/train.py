@@ -18,7 +18,9 @@ Metrics (keys ``<prefix>/<name>``): each loss under its usual name
 metrics (``pg_clipfrac``, ``ppo_kl``, ``vf_clipfrac``, ...) as token-weighted
 means over the mini-batch; ``entropy`` (actor), ``loss`` (the weighted sum),
 ``grad_norm`` (before clipping); all averaged over mini-batches and epochs.
-``lr`` is the learning rate of this update and ``nan_skipped`` counts the
+``lr`` is the learning rate of this training step, the one every optimizer step
+of the update used (the schedule follows training steps, not optimizer steps:
+:class:`~.optim.TrainingStepSchedule`), and ``nan_skipped`` counts the
 mini-batches whose loss or gradient norm was not finite: their optimizer step
 is skipped and their gradients dropped, and they are left out of the means.
 """
@@ -37,7 +39,7 @@ from hybridflow.errors import BatchError, OpError
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .sequence import trim_response_width
-from .optim import TrainEngineConfig, build_optimizer, build_scheduler, lr_factor
+from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
 
 __all__ = ["TrainEngine", "TrainEngineConfig", "LossTerm"]
 
@@ -65,7 +67,7 @@ class TrainEngine:
         self.module = module.to(self.device)
         self.metric_prefix = metric_prefix
         self.optimizer = build_optimizer(self.module.parameters(), self.config)
-        self.scheduler = build_scheduler(self.optimizer, self.config)
+        self.scheduler = TrainingStepSchedule(self.optimizer, self.config)
         self._shuffle = torch.Generator().manual_seed(self.config.seed)
         self.is_value_model = hasattr(self.module, "response_values")
 
@@ -151,7 +153,9 @@ class TrainEngine:
         ``[("ppo_clip", 1.0, {"clip_low": 0.2}), ("kl_loss", 0.001, {"kl_type": "low_var_kl"})]``.
         ``count_reduce``: maps a mini-batch's ``[tokens, seqs]`` counts to the global ones
         (a sum over data-parallel ranks); None = this process holds the whole batch.
-        Returns the metrics described in the module docstring; steps the LR schedule once.
+        Returns the metrics described in the module docstring. The update is one training step:
+        it runs at the schedule's rate for this step and advances the schedule by one, whether or
+        not its optimizer steps were taken.
         """
         terms = resolve_loss_terms(loss_terms)
         needs = frozenset(f.name for term in terms for f in term.spec.model_inputs)
@@ -159,7 +163,7 @@ class TrainEngine:
         tensors = self._tensors(batch, fields, f"update ({', '.join(t.spec.name for t in terms)})")
         tensors, _ = trim_response_width(tensors)  # columns past the longest response: padding only
         self._mode(training=True)
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.scheduler.apply()
         metrics, skipped = MetricMeans(), 0
         for _ in range(self.config.ppo_epochs):
             for mini in self._mini_batches(tensors):
@@ -168,7 +172,7 @@ class TrainEngine:
                     skipped += 1
                 else:
                     metrics.add_all(stats)
-        self.scheduler.step()
+        self.scheduler.advance()
         out = {f"{self.metric_prefix}/{k}": v for k, v in metrics.means().items()}
         out[f"{self.metric_prefix}/lr"] = lr
         out[f"{self.metric_prefix}/nan_skipped"] = float(skipped)
@@ -310,16 +314,10 @@ class TrainEngine:
 
     def set_lr(self, lr: float) -> None:
         """Change the peak learning rate; the schedule's current factor still applies."""
-        factor = lr_factor(self.scheduler.last_epoch, warmup_steps=self.config.warmup_steps,
-                           schedule=self.config.lr_schedule, total_steps=self.config.total_steps,
-                           min_lr_ratio=self.config.min_lr_ratio)
-        self.scheduler.base_lrs = [lr for _ in self.optimizer.param_groups]
-        for group in self.optimizer.param_groups:
-            group["initial_lr"] = lr
-            group["lr"] = lr * factor
+        self.scheduler.set_base_lr(lr)
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer and scheduler state (for checkpoints)."""
+        """Model, optimizer and schedule state (for checkpoints; the schedule's under ``"scheduler"``)."""
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "shuffle_rng": self._shuffle.get_state()}
 
