@@ -1,6 +1,21 @@
-"""The runtime: the batch container, engines, role workers and executors that run a compiled plan."""
+"""The runtime: the batch container, engines, role workers and executors that run a compiled plan.
+
+``Batch`` is loaded on first use (it needs torch and tensordict), so that importing a light
+submodule (``runtime.write_guard``, which every command's argument parser reaches) costs nothing.
+"""
 from __future__ import annotations
 
-from .batch import Batch
+from typing import TYPE_CHECKING
 
 __all__ = ["Batch"]
+
+if TYPE_CHECKING:
+    from .batch import Batch
+
+
+def __getattr__(name: str):
+    if name == "Batch":
+        from .batch import Batch
+
+        return Batch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

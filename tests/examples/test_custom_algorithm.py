@@ -51,7 +51,7 @@ def test_example_op_by_hand(example):
 
 
 def test_example_runs_as_a_script(tmp_path):
-    done = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "node median_advantage: compute @controller median_advantage(" in done.stdout
     assert (tmp_path / "median_grpo.dot").exists()

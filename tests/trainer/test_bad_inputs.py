@@ -144,7 +144,7 @@ def test_a_yaml_key_given_twice_is_an_error_from_the_command_line(tmp_path):
     run_file.write_text("max_steps: 3\nactor_lr: 1.0e-3\nmax_steps: 5\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, "-m", "hybridflow.cli", "run", str(run_file)], capture_output=True, text=True,
-                          env=env, timeout=60)
+                          env=env, timeout=600)
     assert done.returncode == 1
     assert "line 3, column 1: key 'max_steps' is given twice (first at line 1); keep one" in done.stderr
     assert "Traceback" not in done.stderr

@@ -49,7 +49,7 @@ def _steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 300) -> None:
+def _wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -79,7 +79,7 @@ def test_a_signal_finishes_the_step_and_writes_checkpoint_trace_and_summary(tiny
     proc = _start(tiny_model_dir, out, max_steps=10_000, save_freq=0)
     _wait_for_step(proc, out, 1)
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=600)
     name = signal.Signals(signum).name
     assert proc.returncode == status, stderr[-2000:]
     assert "Traceback" not in stderr
@@ -99,9 +99,9 @@ def test_ctrl_c_to_a_ray_run_s_process_group_stops_it_cleanly(tiny_model_dir, tm
                              *_overrides(tiny_model_dir, out, max_steps=10_000, save_freq=0, executor="ray")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
                             start_new_session=True)
-    _wait_for_step(proc, out, 1, timeout=180)
+    _wait_for_step(proc, out, 1)
     os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 130, stderr[-3000:]
     last = max(_steps(out))
     assert _all_checkpoints_verify(out) == [last]
@@ -120,7 +120,7 @@ def test_a_second_sigint_stops_at_once_and_leaves_checkpoints_complete(tiny_mode
         if "SIGINT received" in line:
             proc.send_signal(signal.SIGINT)
             break
-    _, rest = proc.communicate(timeout=60)
+    _, rest = proc.communicate(timeout=600)
     stderr = "".join(seen) + rest
     # 130; or killed by the SIGINT itself (-2, which a shell also reports as 130) when it came after the
     # clean stop had finished and the interpreter was exiting
@@ -137,7 +137,7 @@ def test_kill_9_leaves_no_lock_and_the_next_run_removes_half_written_folders(tin
     proc = _start(tiny_model_dir, out, max_steps=10_000, save_freq=1)
     _wait_for_step(proc, out, 2)
     proc.kill()
-    proc.communicate(timeout=30)
+    proc.communicate(timeout=600)
     newest = max(_all_checkpoints_verify(out))
     half_written = [out / "checkpoints" / f".tmp-step_{newest + 1:08d}-{proc.pid}", out / "tiny_model.tmp"]
     for folder in half_written:  # (the kill may have left the first itself)
@@ -160,7 +160,7 @@ def test_a_second_run_on_a_busy_folder_is_refused_naming_the_first(tiny_model_di
         assert "give this run another output_dir" in err
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 143, stderr[-2000:]
     assert _steps(out) == list(range(max(_steps(out)) + 1))  # one writer: every line valid, in order
     assert _all_checkpoints_verify(out)

@@ -55,6 +55,6 @@ def test_write_with_a_seeded_validation_split(tmp_path):
 def test_python_dash_m_entry(tmp_path):
     out = tmp_path / "arith.jsonl"
     done = subprocess.run([sys.executable, "-m", "hybridflow.data.tasks.arithmetic", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert len(load_prompt_dataset(out)) == 100
