@@ -42,6 +42,7 @@ LONGEST = (
     "tests/e2e/test_grpo_arith.py::",
     "tests/docs/test_docs.py::test_the_checkpoint_page_runs_as_written",
     "tests/e2e/test_safe_rlhf_arith.py::test_without_the_multiplier",
+    "tests/e2e/test_safe_rlhf_arith.py::test_cost_ends_under_the_limit",
 )
 """Node-id prefixes of the slowest tests, slowest first (`--durations` of `make test` on 2 cores)."""
 
