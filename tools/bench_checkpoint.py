@@ -91,7 +91,7 @@ def main() -> None:
     specs = {"actor": RoleSpec(model=str(model_dir), tokenizer=tokenizer, sampling=SamplingParams(max_new_tokens=3, seed=0),
                                train=TrainEngineConfig(lr=1e-3, precision="fp32", num_threads=1)),
              "reward": RoleSpec(reward=compute_score, tokenizer=tokenizer)}
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     executor = RayExecutor(plan, specs)
     try:
         executor.run_iteration({"prompts": make_prompt_batch(make_arithmetic_rows()[:4], tokenizer)})

@@ -168,7 +168,7 @@ def main(argv=None) -> None:
     import ray
 
     role_specs, batches, compiled = workload(args)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: slots are pinned to cores
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: slots are pinned to cores
     try:
         on_policy, executor = run(compiled[0], role_specs, batches, args)
         g, t = split_times(executor, args.warmup)

@@ -69,7 +69,7 @@ def main() -> None:
         import ray
 
         os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     print(f"{'executor':<8} {'placement':<22} {'s/step':>8} {'predicted':>10} {'ratio':>6}  pools")
     with tempfile.TemporaryDirectory() as tmp:
         for k, (executor, name, overrides) in enumerate(COMBINATIONS):

@@ -111,7 +111,7 @@ def main() -> None:
              "hybrid engine, dp=2 (FSDP2)": "actor(dp2,tp1,pp1)+reward@2",
              "cross-pool broadcast 1 -> 1": "actor+reward@1;actor.generate@1"}
     cpus = os.cpu_count() or 1
-    ray.init(num_cpus=max(cpus, 4), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(cpus, 4), include_dashboard=False, log_to_driver=False)
     print(f"model: {nbytes / 2**20:.1f} MB float32 ({args.hidden} hidden, {args.layers} layers); "
           f"buckets of {args.bucket_mb:g} MB; raw state_dict copy {raw * 1e3:.1f} ms")
     print(f"{'transition':<30} {'ms':>9} {'MB moved':>9} {'x raw copy':>11}")
