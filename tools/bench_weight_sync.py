@@ -52,12 +52,13 @@ def raw_copy_s(module, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def plan_for(graph, spec: str):
-    from hybridflow.compiler.cluster import ClusterSpec
-    from hybridflow.compiler.compile import compile
+def plan_for(graph, module, spec: str):
+    """``graph`` placed by ``spec`` on two CPU slots of a local Ray instance, compiled for ``module``'s sizes
+    and bound to the slots (executors run bound plans only)."""
+    from hybridflow.compiler import Machine, ModelSpec, compile_for
 
-    cluster = ClusterSpec.preset("a100-80g").model_copy(update={"devices_per_node": 2})
-    return compile(graph, cluster, {"actor": "qwen2.5-0.5b", "reward": "rule"}, placement=spec)
+    actor = ModelSpec.from_config(module.config.to_dict(), name="actor")
+    return compile_for(graph, actor, machine=Machine("cpu", 2, threads_per_slot=1, where="ray"), placement=spec)
 
 
 def sync_s(executor, repeats: int) -> tuple[float, float]:
@@ -83,13 +84,13 @@ def sync_s(executor, repeats: int) -> tuple[float, float]:
     return statistics.median(times[1:]), moved
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bucket-mb", type=float, default=32.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     import ray
@@ -116,7 +117,7 @@ def main() -> None:
           f"buckets of {args.bucket_mb:g} MB; raw state_dict copy {raw * 1e3:.1f} ms")
     print(f"{'transition':<30} {'ms':>9} {'MB moved':>9} {'x raw copy':>11}")
     for name, spec in cases.items():
-        plan = plan_for(graph, spec)
+        plan = plan_for(graph, module, spec)
         pins = {pool.name: (i % cpus,) for i, pool in enumerate(plan.pools)}
         with RayExecutor(plan, specs, bucket_bytes=int(args.bucket_mb * 2**20), pin_cpus=pins) as executor:
             seconds, moved = sync_s(executor, args.repeats)
