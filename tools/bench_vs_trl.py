@@ -399,7 +399,8 @@ def replay(args) -> None:
     dump.unlink()  # large: weights and gradients of every step
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict | None:
+    """Run the chosen mode; returns learn's summary or speed's figures (replay prints its table)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     modes = parser.add_subparsers(dest="mode")
     p = modes.add_parser("learn", help="learning curves of both frameworks at equal settings")
@@ -467,7 +468,7 @@ def main(argv=None) -> None:
         ready = (TRL_VENV / "bin" / "python").exists()
         raise SystemExit("choose a mode: learn, speed or replay (--help says what each does). "
                          + (f"TRL's side environment: {TRL_VENV}" if ready else missing_trl(TRL_VENV)))
-    {"learn": learn, "speed": speed, "replay": replay}[args.mode](args)
+    return {"learn": learn, "speed": speed, "replay": replay}[args.mode](args)
 
 
 if __name__ == "__main__":
