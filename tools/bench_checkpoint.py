@@ -60,29 +60,18 @@ def _rss() -> int:
     return 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import ray
-    import torch
-
+def setup(args, work: Path):
+    """The model folder (made in ``work``), the plan (a GRPO actor on a pool of two CPU slots: FSDP2, dp=2)
+    and the role specs, for ``args.hidden`` / ``args.layers``; nothing here needs Ray."""
     from hybridflow.algorithms import ALGORITHMS
     from hybridflow.compiler import Machine, compile_for
     from hybridflow.compiler.passes import BatchShape
     from hybridflow.compiler.passes.lower import parse_model
-    from hybridflow.data import create_tiny_model_dir, load_tokenizer, make_prompt_batch
-    from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
+    from hybridflow.data import create_tiny_model_dir, load_tokenizer
     from hybridflow.runtime.engines import SamplingParams, TrainEngineConfig
-    from hybridflow.runtime.ray import RayExecutor
     from hybridflow.runtime.roles import RoleSpec
-    from hybridflow.runtime.shard_calls import load_train_states, save_train_states
     from hybridflow_ops.rewards.arithmetic import compute_score
 
-    work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
     model_dir = create_tiny_model_dir(work / "model", seed=0, hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2)
     tokenizer = load_tokenizer(model_dir)
     graph = ALGORITHMS["grpo"].build(kl_loss=False, n=2)
@@ -91,7 +80,37 @@ def main() -> None:
     specs = {"actor": RoleSpec(model=str(model_dir), tokenizer=tokenizer, sampling=SamplingParams(max_new_tokens=3, seed=0),
                                train=TrainEngineConfig(lr=1e-3, precision="fp32", num_threads=1)),
              "reward": RoleSpec(reward=compute_score, tokenizer=tokenizer)}
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    return plan, specs
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as work:
+        measure(args, Path(work))
+
+
+def measure(args, work: Path) -> None:
+    """Set up in ``work``, train one step on Ray, then time ``args.rounds`` rounds of each path and print the figures."""
+    import ray
+    import torch
+
+    from hybridflow.data import make_prompt_batch
+    from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
+    from hybridflow.runtime.ray import RayExecutor
+    from hybridflow.runtime.shard_calls import load_train_states, save_train_states
+
+    plan, specs = setup(args, work)
+    tokenizer = specs["actor"].tokenizer
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     executor = RayExecutor(plan, specs)
     try:
         executor.run_iteration({"prompts": make_prompt_batch(make_arithmetic_rows()[:4], tokenizer)})
@@ -139,6 +158,7 @@ def main() -> None:
           f"({max(rss_gathered) / state_bytes:.1%} of the state)")
     print(f"ratios: sharded write / torch.save {med(sharded_w) / med(save_only):.2f}, sharded write / (fetch + save) "
           f"{med(sharded_w) / med(gathered_w):.2f}, sharded read / torch.load {med(sharded_r) / med(gathered_r):.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -22,6 +22,7 @@ counted. Two figures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -55,25 +56,34 @@ class StepSwitch:
         self.contracts.set_enabled(True)
 
 
-def timed(module, name: str, switch: StepSwitch) -> None:
-    """Wrap ``module.name`` so that its calls add their time to ``switch.inside``."""
-    inner = getattr(module, name)
+@contextlib.contextmanager
+def timed(module, names: tuple[str, ...], switch: StepSwitch):
+    """Within the block, ``module.<name>`` for each name adds the time of its calls to ``switch.inside``."""
+    inner = {name: getattr(module, name) for name in names}
 
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            switch.inside += time.perf_counter() - start
+    def wrapped(fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                switch.inside += time.perf_counter() - start
+        return wrapper
 
-    setattr(module, name, wrapper)
+    for name, fn in inner.items():
+        setattr(module, name, wrapped(fn))
+    try:
+        yield
+    finally:
+        for name, fn in inner.items():
+            setattr(module, name, fn)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40, help="rounds of 4 steps (on, off, off, on)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 
@@ -84,9 +94,8 @@ def main() -> None:
     torch.set_num_threads(1)
     schedule = [True] + [on for _ in range(args.rounds) for on in ORDER]  # [warm-up] + rounds
     switch = StepSwitch(schedule)
-    for name in ("check_node_output", "check_compute_results"):
-        timed(contracts, name, switch)
-    with tempfile.TemporaryDirectory() as out:
+    with timed(contracts, ("check_node_output", "check_compute_results"), switch), \
+            tempfile.TemporaryDirectory() as out:
         config = PPOConfig(output_dir=out, max_steps=len(schedule), trackers=(), progress_bar=False, num_threads=1,
                            eval_freq=0)
         PPOTrainer(config=config, algorithm="grpo", trackers=[switch]).train()

@@ -56,6 +56,19 @@ def one_op_graph():
     return graph_from_json(json.dumps(graph))
 
 
+def one_op_plan():
+    """The one-op graph compiled for this machine, the reward on the CPU.
+
+    The compiler prices a graph's first role as a model (the one the other roles default to), and the
+    reward here computes nothing: a stand-in of a few hundred parameters says so (a 0.5B preset at the
+    default batch shape would need more memory than a small machine has, for a plan that runs no model).
+    """
+    from hybridflow.compiler import ModelSpec, compile_for
+
+    nothing = ModelSpec(name="zero-reward", layers=1, hidden=8, heads=1, kv_heads=1, intermediate=8, vocab=32)
+    return compile_for(one_op_graph(), nothing, placement={"reward": "cpu"})
+
+
 def batch(rows: int, length: int):
     from hybridflow.runtime.batch import Batch
 
@@ -73,23 +86,21 @@ def timed(executor, inputs, rounds: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     import ray
 
-    from hybridflow.compiler import compile_for
     from hybridflow.runtime.local import LocalExecutor
     from hybridflow.runtime.ray import RayExecutor
     from hybridflow.runtime.roles import RoleSpec
 
-    graph = one_op_graph()
-    plan = compile_for(graph, "qwen2.5-0.5b", placement={"reward": "cpu"})  # the one role is a rule: no model
+    plan = one_op_plan()
     specs = {"reward": RoleSpec(reward=ZeroReward())}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     local = LocalExecutor(plan, specs)
     with RayExecutor(plan, specs) as remote:
         print(f"{'payload':>8} {'bytes':>12} {'local ms':>10} {'ray ms':>10} {'ray/local':>10}")

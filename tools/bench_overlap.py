@@ -1,6 +1,6 @@
 """Benchmark: one-step-off overlap (staleness 1) against on-policy (staleness 0) on the RayExecutor.
 
-    .venv/bin/python tools/bench_overlap.py                 # 8 measured steps each (~2 min)
+    .venv/bin/python tools/bench_overlap.py                 # 8 measured steps each (~1 min)
     .venv/bin/python tools/bench_overlap.py --steps 4       # quicker, noisier
     .venv/bin/python tools/bench_overlap.py --from-config   # the same comparison through the trainer and its config
 
@@ -11,7 +11,9 @@ one torch thread each); the compiler gives the rule reward a host-CPU slot of
 its own, pinned to the train pool's core. The algorithm is GRPO
 with the truncated importance-sampling policy loss (``truncated_is_weight`` +
 ``ppo_clip_is``), as an overlapped plan needs; a tiny qwen2 model sized so that
-generating and training take comparable time.
+generating and training take comparable time. Both plans are compiled for that
+model and the run's batch shape (:func:`workload`), so they fit any machine that
+can run it.
 
 Both plans run ``--steps`` steps after ``--warmup`` steps; the figure per plan
 is the median wall time of a step. From the staleness-0 run's spans: ``g`` =
@@ -33,14 +35,16 @@ import time
 import torch
 
 
-
-
-def plans(graph):
-    from hybridflow.compiler import Machine, compile_for
+def plans(graph, model, batch):
+    """The staleness-0 and staleness-1 plans of ``graph`` for the model and batch shape this run trains: the
+    placement's memory check and the predicted timeline are the tiny model's (a 0.5B preset does not fit a
+    CPU slot's share of the memory of a small machine)."""
+    from hybridflow.compiler import Machine, ModelSpec, compile_for
 
     machine = Machine("cpu", 2, threads_per_slot=1, where="ray")
     spec = "actor+reward@1;actor.generate@1"
-    return {k: compile_for(graph, "qwen2.5-0.5b", machine=machine, placement=spec, staleness=k) for k in (0, 1)}
+    actor = ModelSpec.from_config(model.config.to_dict(), name="actor")
+    return {k: compile_for(graph, actor, machine=machine, placement=spec, staleness=k, batch=batch) for k in (0, 1)}
 
 
 def run_config(staleness: int, model_dir, out, args) -> tuple[list[float], float, float]:
@@ -65,7 +69,7 @@ def run_config(staleness: int, model_dir, out, args) -> tuple[list[float], float
     return [m["timing_s/step"] for m in history[args.warmup:]], g, t
 
 
-def specs(graph, args):
+def specs(args):
     from hybridflow.data import make_tiny_model, make_tiny_tokenizer
     from hybridflow.runtime.engines import SamplingParams, TrainEngineConfig
     from hybridflow.runtime.roles import RoleSpec
@@ -111,7 +115,26 @@ def split_times(executor, first: int) -> tuple[float, float]:
     return statistics.median(gen.values()), statistics.median(rest.values())
 
 
-def main() -> None:
+def workload(args) -> tuple[dict, list[dict], dict]:
+    """The role specs, a batch of prompts per step (and one more: the overlapped plan's next prompts) and
+    both plans, compiled for this run's model and batch shape; nothing here needs Ray."""
+    from hybridflow.algorithms import grpo_is
+    from hybridflow.compiler.passes import BatchShape
+    from hybridflow.data import make_prompt_batch
+    from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
+
+    graph = grpo_is.build(n=4)
+    role_specs, tokenizer = specs(args)
+    rows = make_arithmetic_rows()
+    count = args.warmup + args.steps + 1
+    batches = [{"prompts": make_prompt_batch([rows[(i * args.prompts + j) % len(rows)] for j in range(args.prompts)],
+                                             tokenizer)} for i in range(count)]
+    shape = BatchShape(prompts=args.prompts, prompt_len=batches[0]["prompts"]["prompt_ids"].shape[1],
+                       response_len=args.new_tokens, mini_batches=1)
+    return role_specs, batches, plans(graph, role_specs["actor"].model, shape)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
@@ -122,7 +145,11 @@ def main() -> None:
     parser.add_argument("--from-config", action="store_true",
                         help="train from examples/configs/grpo_arith.yaml (a rollout pool of its own, executor=ray, staleness=0|1), "
                              "as 'hybridflow run' does, instead of driving the executor directly")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(1)
     if args.from_config:
         import tempfile
@@ -140,24 +167,15 @@ def main() -> None:
 
     import ray
 
-    from hybridflow.data import make_prompt_batch
-    from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: slots are pinned to cores
-    from hybridflow.algorithms import grpo_is
-
-    graph = grpo_is.build(n=4)
-    role_specs, tokenizer = specs(graph, args)
-    rows = make_arithmetic_rows()
-    count = args.warmup + args.steps + 1
-    batches = [{"prompts": make_prompt_batch([rows[(i * args.prompts + j) % len(rows)] for j in range(args.prompts)],
-                                             tokenizer)} for i in range(count)]
-    compiled = plans(graph)
-    on_policy, executor = run(compiled[0], role_specs, batches, args)
-    g, t = split_times(executor, args.warmup)
-    overlapped, _ = run(compiled[1], role_specs, batches, args)
+    role_specs, batches, compiled = workload(args)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: slots are pinned to cores
+    try:
+        on_policy, executor = run(compiled[0], role_specs, batches, args)
+        g, t = split_times(executor, args.warmup)
+        overlapped, _ = run(compiled[1], role_specs, batches, args)
+    finally:
+        ray.shutdown()
     report(on_policy, overlapped, g, t, args)
-    ray.shutdown()
 
 
 def report(on_policy: list[float], overlapped: list[float], g: float, t: float, args) -> None:

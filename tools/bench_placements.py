@@ -9,7 +9,10 @@ plan's pools, the median s/step over the steps after the first, the plan's predi
 after another in this process; Ray is started once with 4 logical CPUs (its slots share the
 machine's cores).
 
-    .venv/bin/python tools/bench_placements.py [--steps 4] [--only local|ray]
+    .venv/bin/python tools/bench_placements.py [--steps 4] [--only local|ray] [--placement NAME ...] [OVERRIDE ...]
+
+``--placement`` keeps the combinations of that name (``colocate``, ``split``, ...; repeatable), and
+``OVERRIDE``s (``key=value``, e.g. ``rollout_batch_size=4``) apply to every run.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ COMBINATIONS = [
 
 
 def run(executor: str, overrides: list[str], out: Path, steps: int) -> tuple[str, float, float]:
+    """Train ``steps`` steps of the quickstart config with ``overrides``; (the plan's pools, measured and predicted s/step)."""
     from hybridflow.trainer import Trainer
     from hybridflow.trainer.config_files import load_run_config
 
@@ -55,29 +59,42 @@ def run(executor: str, overrides: list[str], out: Path, steps: int) -> tuple[str
     return pools, statistics.median(m["timing_s/step"] for m in history[1:]), plan.predicted_iteration_s or float("nan")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--only", choices=["local", "ray"])
-    args = parser.parse_args()
+    parser.add_argument("--placement", action="append", choices=sorted({name for _, name, _ in COMBINATIONS}),
+                        help="run only the combinations of this name (repeatable; default: all)")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. rollout_batch_size=4 n_samples=2")
+    args = parser.parse_args(argv)
+    chosen = [(k, executor, name, overrides) for k, (executor, name, overrides) in enumerate(COMBINATIONS)
+              if args.only in (None, executor) and (not args.placement or name in args.placement)]
     from hybridflow.trainer.run_report import quiet_libraries
 
     quiet_libraries()
-    if args.only != "local":
+    ray = None
+    if any(executor == "ray" for _, executor, _, _ in chosen):
         import os
 
         import ray
 
         os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        table(chosen, args)
+    finally:
+        if ray is not None:
+            ray.shutdown()
+
+
+def table(chosen: list[tuple[int, str, str, list[str]]], args) -> None:
+    """Run each chosen (index, executor, name, overrides) combination and print its row."""
     print(f"{'executor':<8} {'placement':<22} {'s/step':>8} {'predicted':>10} {'ratio':>6}  pools")
     with tempfile.TemporaryDirectory() as tmp:
-        for k, (executor, name, overrides) in enumerate(COMBINATIONS):
-            if args.only and executor != args.only:
-                continue
+        for k, executor, name, overrides in chosen:
             start = time.perf_counter()
             try:
-                pools, measured, predicted = run(executor, overrides, Path(tmp) / f"run{k}", args.steps)
+                pools, measured, predicted = run(executor, [*overrides, *args.overrides], Path(tmp) / f"run{k}", args.steps)
             except Exception as err:  # report and go on: the table says which combinations train
                 print(f"{executor:<8} {name:<22} {'-':>8} {'-':>10} {'-':>6}  {type(err).__name__}: {err}")
                 continue

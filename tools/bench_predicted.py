@@ -55,14 +55,14 @@ def bench(algorithm: str, model_dir: Path, out: Path, steps: int, threads: int, 
     return plan.predicted_iteration_s, measured
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-cache", action="store_true", help="profile again instead of reading the cache")
     parser.add_argument("--only", choices=sorted(CONFIGS), help="run one algorithm")
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs, e.g. placement=colocate cpu_slots=1")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     quiet_libraries()
     with tempfile.TemporaryDirectory() as tmp:

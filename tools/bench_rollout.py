@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import statistics
 import time
 
@@ -79,7 +80,7 @@ def bench_model(name: str, samples: int, tokens: int, rounds: int = 3, vllm_opti
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both engines)")
     parser.add_argument("--samples", type=int, default=64, help="responses per run (a multiple of 8)")
@@ -89,7 +90,11 @@ def main() -> None:
     parser.add_argument("--vllm-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the vllm engine (rollout_engine_options), e.g. dtype=bfloat16, "
                              "max_num_seqs=16, enforce_eager=false; repeatable")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if importlib.util.find_spec("vllm") is None:
+        raise SystemExit("bench_rollout compares the hf engine with vLLM, which this Python cannot import: make vLLM's "
+                         "environment with `make vllm-env` and run .venv-vllm/bin/python tools/bench_rollout.py "
+                         "(docs/rollout_engines.md)")
     vllm_options = {}
     for item in args.vllm_option:
         key, sep, value = item.partition("=")

@@ -12,8 +12,9 @@ one after the other, each in its own process with the same thread count:
 
 - hybridflow: tools/bench_trl/hybridflow_runner.py with hybridflow's Python,
 - TRL: tools/bench_trl/trl_runner.py inside a side virtual environment (``.venv-trl``,
-  git-ignored, made on first use with TRL ``TRL_VERSION`` over this environment's torch
-  version; TRL is never a dependency of hybridflow).
+  git-ignored, made by ``--make-trl-venv`` with TRL ``TRL_VERSION`` over this environment's
+  torch version; TRL is never a dependency of hybridflow). Without it a mode that runs TRL
+  stops and says how to make it; ``learn --sides hybridflow`` runs hybridflow's side alone.
 
 Equal settings: same model folder, prompts (all 100 ``a+b=``, ``--prompts`` per step,
 reshuffled every epoch; the same prompts at every step on both sides: hybridflow draws TRL's
@@ -92,14 +93,23 @@ from speed_table import print_speed, speed_figures, undisturbed, wall_over_cpu  
 
 TRL_VERSION = "1.16.0"
 """The TRL release the side environment pins."""
+TRL_VENV = ROOT / ".venv-trl"
+"""The side environment's default folder (git-ignored)."""
 
 
 # ----------------------------------------------------------------------------- the TRL environment
 
-def ensure_trl_venv(venv: Path) -> Path:
-    """The side environment's python, made first if needed: TRL over this environment's packages.
+def missing_trl(venv: Path) -> str:
+    """What to do when ``venv`` has no TRL (the message a mode that needs it stops with)."""
+    return (f"TRL's side environment {venv} {'has no' if venv.exists() else 'does not exist, so no'} trl=={TRL_VERSION}: "
+            f"add --make-trl-venv to make it (pip installs trl=={TRL_VERSION} over this environment's torch), or run "
+            "'learn --sides hybridflow' for hybridflow's side alone")
 
-    The new venv sees this environment's site-packages through a ``.pth`` file (appended after its
+
+def ensure_trl_venv(venv: Path, make: bool) -> Path:
+    """The side environment's python; with ``make``, made first if needed: TRL over this environment's packages.
+
+    Without ``make`` a missing environment stops the tool with :func:`missing_trl`'s message. The new venv sees this environment's site-packages through a ``.pth`` file (appended after its
     own), so pip finds this torch (the local CPU build) and transformers installed and downloads only
     TRL and what it adds (accelerate, datasets, ...); a package TRL needs in another version is
     installed into the side venv, which then shadows ours there only.
@@ -110,13 +120,19 @@ def ensure_trl_venv(venv: Path) -> Path:
     check = [str(python), "-c", f"import trl, sys; sys.exit(trl.__version__ != {TRL_VERSION!r})"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
+    if not make:
+        raise SystemExit(missing_trl(venv))
     print(f"making {venv} with trl=={TRL_VERSION} over this environment's torch ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    Path(site, "hybridflow_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", f"trl=={TRL_VERSION}"], check=True)
-    subprocess.run(check, check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "hybridflow_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"trl=={TRL_VERSION}"], check=True)
+        subprocess.run(check, check=True)
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"could not make {venv} ({' '.join(map(str, err.cmd))} exited {err.returncode}); "
+                         f"install trl=={TRL_VERSION} into it by hand, or pass another --trl-venv") from None
     return python
 
 
@@ -223,7 +239,8 @@ def learn(args) -> dict:
         hf_variant.setdefault("trl_prompt_order", True)
     sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", hf_variant)}
     if "trl" in args.sides:
-        sides["trl"] = (str(ensure_trl_venv(Path(args.trl_venv))), "trl_runner.py", json.loads(args.trl_variant))
+        sides["trl"] = (str(ensure_trl_venv(Path(args.trl_venv), args.make_trl_venv)), "trl_runner.py",
+                        json.loads(args.trl_variant))
     if "hybridflow" not in args.sides:
         del sides["hybridflow"]
     base = RunConfig(model_dir="", out="", steps=args.steps, prompts=args.prompts, group=args.group, lr=args.lr,
@@ -311,11 +328,11 @@ def learn_streams(args, sides: dict, base: RunConfig, out: Path, tag: str) -> di
 def speed(args) -> dict:
     import tempfile
 
+    trl_python = str(ensure_trl_venv(Path(args.trl_venv), args.make_trl_venv))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     folder = f"model_seed{args.seed}" if args.size == "tiny" else f"model_{args.size}_seed{args.seed}"
     model_dir = make_model(out / folder, args.seed, args.threads, args.size)
-    trl_python = str(ensure_trl_venv(Path(args.trl_venv)))
     sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", {}),
              "hybridflow_noskip": (sys.executable, "hybridflow_runner.py", {"train": {"skip_vanishing_rows": False}}),
              "trl": (trl_python, "trl_runner.py", {})}
@@ -361,10 +378,10 @@ def speed(args) -> dict:
 # ----------------------------------------------------------------------------- replay mode
 
 def replay(args) -> None:
+    trl_python = str(ensure_trl_venv(Path(args.trl_venv), args.make_trl_venv))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = make_model(out / f"model_seed{args.seed}", args.seed, args.threads)
-    trl_python = str(ensure_trl_venv(Path(args.trl_venv)))
     cfg = RunConfig(model_dir=str(model_dir), out=str(out / f"replay_seed{args.seed}_hybridflow.json"), seed=args.seed,
                     steps=args.steps, prompts=args.prompts, group=args.group, lr=args.lr, eval_every=10**9,
                     threads=args.threads)
@@ -382,9 +399,10 @@ def replay(args) -> None:
     dump.unlink()  # large: weights and gradients of every step
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict | None:
+    """Run the chosen mode; returns learn's summary or speed's figures (replay prints its table)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    modes = parser.add_subparsers(dest="mode", required=True)
+    modes = parser.add_subparsers(dest="mode")
     p = modes.add_parser("learn", help="learning curves of both frameworks at equal settings")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one model folder and one run per side each")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
@@ -413,7 +431,8 @@ def main(argv=None) -> None:
     p.add_argument("--jobs", type=int, default=1, help="with --streams: runs at a time (2 runs both sides of a stream "
                    "together, each with --threads threads)")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
-    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
+    p.add_argument("--trl-venv", default=str(TRL_VENV), help="the side environment with TRL")
+    p.add_argument("--make-trl-venv", action="store_true", help="make --trl-venv if it has no TRL (pip downloads it)")
     p.add_argument("--fresh", action="store_true", help="rerun runs whose record exists")
     p = modes.add_parser("speed", help="seconds per step, tokens/s and peak RSS of both, alternating")
     p.add_argument("--seed", type=int, default=0, help="the model folder's seed")
@@ -431,7 +450,8 @@ def main(argv=None) -> None:
                    help="another hybridflow side with these runner variant switches, e.g. "
                         "'joined={\"joined_forward\": true}' (repeatable)")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
-    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
+    p.add_argument("--trl-venv", default=str(TRL_VENV), help="the side environment with TRL")
+    p.add_argument("--make-trl-venv", action="store_true", help="make --trl-venv if it has no TRL (pip downloads it)")
     p = modes.add_parser("replay", help="TRL's loss and update on hybridflow's recorded batches")
     p.add_argument("--seed", type=int, default=0, help="the model folder's and the run's seed")
     p.add_argument("--steps", type=int, default=60, help="steps recorded")
@@ -440,9 +460,15 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
-    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"), help="the side environment with TRL")
+    p.add_argument("--trl-venv", default=str(TRL_VENV), help="the side environment with TRL")
+    p.add_argument("--make-trl-venv", action="store_true", help="make --trl-venv if it has no TRL (pip downloads it)")
     args = parser.parse_args(argv)
-    {"learn": learn, "speed": speed, "replay": replay}[args.mode](args)
+    if args.mode is None:  # the default form: how to use it, and whether TRL's side can run
+        parser.print_usage()
+        ready = (TRL_VENV / "bin" / "python").exists()
+        raise SystemExit("choose a mode: learn, speed or replay (--help says what each does). "
+                         + (f"TRL's side environment: {TRL_VENV}" if ready else missing_trl(TRL_VENV)))
+    return {"learn": learn, "speed": speed, "replay": replay}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -52,12 +52,13 @@ def raw_copy_s(module, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def plan_for(graph, spec: str):
-    from hybridflow.compiler.cluster import ClusterSpec
-    from hybridflow.compiler.compile import compile
+def plan_for(graph, module, spec: str):
+    """``graph`` placed by ``spec`` on two CPU slots of a local Ray instance, compiled for ``module``'s sizes
+    and bound to the slots (executors run bound plans only)."""
+    from hybridflow.compiler import Machine, ModelSpec, compile_for
 
-    cluster = ClusterSpec.preset("a100-80g").model_copy(update={"devices_per_node": 2})
-    return compile(graph, cluster, {"actor": "qwen2.5-0.5b", "reward": "rule"}, placement=spec)
+    actor = ModelSpec.from_config(module.config.to_dict(), name="actor")
+    return compile_for(graph, actor, machine=Machine("cpu", 2, threads_per_slot=1, where="ray"), placement=spec)
 
 
 def sync_s(executor, repeats: int) -> tuple[float, float]:
@@ -83,46 +84,61 @@ def sync_s(executor, repeats: int) -> tuple[float, float]:
     return statistics.median(times[1:]), moved
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bucket-mb", type=float, default=32.0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    return parser.parse_args(argv)
 
-    import ray
 
+CASES = {"hybrid engine, dp=1": "actor+reward@1",
+         "hybrid engine, dp=2 (FSDP2)": "actor(dp2,tp1,pp1)+reward@2",
+         "cross-pool broadcast 1 -> 1": "actor+reward@1;actor.generate@1"}
+"""The transitions measured: name -> placement of the RLOO graph."""
+
+
+def setup(args):
+    """The model, the role specs and a plan per transition of :data:`CASES`; nothing here needs Ray."""
     from hybridflow.algorithms import ALGORITHMS
     from hybridflow.runtime.engines import SamplingParams, TrainEngineConfig
-    from hybridflow.runtime.ray import RayExecutor
     from hybridflow.runtime.roles import RoleSpec
     from hybridflow_ops.rewards.arithmetic import compute_score
 
     module, tokenizer = model(args)
-    nbytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
-    raw = raw_copy_s(module, args.repeats)
     graph = ALGORITHMS["rloo"].build()
     specs = {"actor": RoleSpec(model=module, tokenizer=tokenizer, sampling=SamplingParams(max_new_tokens=2),
                                train=TrainEngineConfig(precision="fp32", num_threads=1), share_rollout_module=False),
              "reward": RoleSpec(reward=compute_score, tokenizer=tokenizer)}
-    cases = {"hybrid engine, dp=1": "actor+reward@1",
-             "hybrid engine, dp=2 (FSDP2)": "actor(dp2,tp1,pp1)+reward@2",
-             "cross-pool broadcast 1 -> 1": "actor+reward@1;actor.generate@1"}
+    return module, specs, {name: plan_for(graph, module, spec) for name, spec in CASES.items()}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+
+    import ray
+
+    from hybridflow.runtime.ray import RayExecutor
+
+    module, specs, plans = setup(args)
+    nbytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    raw = raw_copy_s(module, args.repeats)
     cpus = os.cpu_count() or 1
-    ray.init(num_cpus=max(cpus, 4), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(cpus, 4), include_dashboard=False, log_to_driver=False)
     print(f"model: {nbytes / 2**20:.1f} MB float32 ({args.hidden} hidden, {args.layers} layers); "
           f"buckets of {args.bucket_mb:g} MB; raw state_dict copy {raw * 1e3:.1f} ms")
     print(f"{'transition':<30} {'ms':>9} {'MB moved':>9} {'x raw copy':>11}")
-    for name, spec in cases.items():
-        plan = plan_for(graph, spec)
-        pins = {pool.name: (i % cpus,) for i, pool in enumerate(plan.pools)}
-        with RayExecutor(plan, specs, bucket_bytes=int(args.bucket_mb * 2**20), pin_cpus=pins) as executor:
-            seconds, moved = sync_s(executor, args.repeats)
-        print(f"{name:<30} {seconds * 1e3:>9.1f} {moved:>9.1f} {seconds / raw:>10.2f}x")
+    try:
+        for name, plan in plans.items():
+            pins = {pool.name: (i % cpus,) for i, pool in enumerate(plan.pools)}
+            with RayExecutor(plan, specs, bucket_bytes=int(args.bucket_mb * 2**20), pin_cpus=pins) as executor:
+                seconds, moved = sync_s(executor, args.repeats)
+            print(f"{name:<30} {seconds * 1e3:>9.1f} {moved:>9.1f} {seconds / raw:>10.2f}x")
+    finally:
+        ray.shutdown()
     print("goal: the hybrid-engine transition <= 1.2x the raw copy")
-    ray.shutdown()
 
 
 if __name__ == "__main__":

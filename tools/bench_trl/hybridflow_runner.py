@@ -197,6 +197,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=sorted(MODEL_SIZES), default="tiny", help="the model folder's shape")
     args = parser.parse_args(argv)
+    if not args.make_model and not args.config:
+        parser.error("give a RunConfig JSON file (tools/bench_vs_trl.py writes them), or --make-model DIR")
     if args.make_model:
         torch.set_num_threads(1)
         make_model(Path(args.make_model), args.seed, args.size)

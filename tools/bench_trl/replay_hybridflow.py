@@ -7,6 +7,7 @@ same batch at the same weights, can be compared with it step by step.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from common import RunConfig  # noqa: E402
 FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "advantages")
 
 
-def main(config: str, dump: str) -> None:
+def record(config: str, dump: str) -> None:
+    """Run the RunConfig at ``config`` with the train engine's update and clipping recorded; save to ``dump``."""
     from hybridflow.runtime.engines import train
 
     update, clip = train.TrainEngine.update, train.TrainEngine._clip_gradients
@@ -36,9 +38,20 @@ def main(config: str, dump: str) -> None:
         return clip(self)
 
     train.TrainEngine.update, train.TrainEngine._clip_gradients = recording_update, recording_clip
-    hybridflow_runner.run(RunConfig.load(config))
+    try:
+        hybridflow_runner.run(RunConfig.load(config))
+    finally:
+        train.TrainEngine.update, train.TrainEngine._clip_gradients = update, clip
     torch.save(steps, dump)
 
 
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="RunConfig JSON file (tools/bench_vs_trl.py replay writes it)")
+    parser.add_argument("dump", help="where to save the recorded steps (torch.save)")
+    args = parser.parse_args(argv)
+    record(args.config, args.dump)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()

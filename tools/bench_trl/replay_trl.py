@@ -17,6 +17,7 @@ Two checks, printed and written to OUT.json:
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -69,7 +70,8 @@ def _trl_trajectory(trainer, model, steps: list[dict], start: dict, reference: l
     return differences, weights
 
 
-def main(config: str, dump: str, out: str) -> None:
+def replay(config: str, dump: str, out: str) -> None:
+    """Both checks on the steps recorded in ``dump`` (RunConfig at ``config``); printed and written to ``out``."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
@@ -107,5 +109,14 @@ def main(config: str, dump: str, out: str) -> None:
                                      "perturbation": PERTURBATION}, indent=1))
 
 
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="RunConfig JSON file of the recorded run")
+    parser.add_argument("dump", help="the steps tools/bench_trl/replay_hybridflow.py recorded")
+    parser.add_argument("out", help="JSON file of the differences")
+    args = parser.parse_args(argv)
+    replay(args.config, args.dump, args.out)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main()

@@ -16,6 +16,7 @@ folder's initial weights; ``"rollout"`` uses the seed hybridflow's rollout strea
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import sys
@@ -118,6 +119,13 @@ def run(cfg: RunConfig) -> None:
                         "lr_scheduler_type": str(trainer.args.lr_scheduler_type), "bf16": bool(trainer.args.bf16)})
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="RunConfig JSON file (tools/bench_vs_trl.py writes them)")
+    args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    run(RunConfig.load(sys.argv[1]))
+    run(RunConfig.load(args.config))
+
+
+if __name__ == "__main__":
+    main()

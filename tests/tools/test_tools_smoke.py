@@ -1,0 +1,332 @@
+"""Every script in tools/: ``--help`` prints its usage, and its cheapest real invocation runs and prints its figures.
+
+Each tool's ``main(argv)`` is called in this process (torch, transformers and hybridflow are imported
+once); a subprocess only where the tool itself starts one (bench_learning's runs, bench_logprob's
+measuring workers) or is not Python (ensure_graphviz.sh). Sizes, steps and rounds are the smallest
+the flags allow, and each test checks what the tool printed or wrote, never how long it took.
+
+Not run for real here, and why (each still gets ``--help``):
+
+* The Ray benchmarks (bench_checkpoint, bench_dispatch, bench_overlap, bench_weight_sync, and
+  bench_placements' Ray rows): a Ray instance and its worker processes, each importing torch, cost
+  ~85 s of CPU for bench_overlap's smallest run on 2 cores, several times this file's budget. Their
+  set-up before Ray (the plans of the default form compile and bind on this machine: where three of
+  them used to fail) is run instead.
+* bench_neighbour: every measurement is a fresh Python process training GRPO (~6 s of CPU to import
+  and set up) beside a busy-loop process, and the smallest comparison takes two of them and the
+  loop: ~18 s of CPU, more than half of this file's budget.
+* bench_rollout, bench_vs_trl's TRL side (speed, replay, trl_runner, replay_trl): they need vLLM or
+  TRL, which live in environments of their own; here they must say what to install.
+
+tools/generated_page.py and tools/bench_trl/{common,parity,speed_table}.py are modules the scripts
+import, with no command line: they are only imported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from tool_module import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "tools"
+
+SCRIPTS = (
+    "bench_checkpoint.py", "bench_contracts.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
+    "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
+    "bench_predicted.py", "bench_rollout.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
+    "gen_config_docs.py", "gen_operator_docs.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
+    "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
+)
+"""The Python scripts with a command line: ``main(argv)``."""
+MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/parity.py", "bench_trl/speed_table.py")
+"""Modules the scripts import: no command line of their own."""
+SHELL = ("ensure_graphviz.sh",)
+
+
+@functools.cache
+def tool(path: str):
+    """tools/``path`` loaded as a module (once per test process)."""
+    return load_file(TOOLS / path, "smoke_" + path.replace("/", "_").removesuffix(".py"))
+
+
+@pytest.fixture(autouse=True)
+def tool_process(monkeypatch):
+    """Tools run from the repository root (they name examples/configs/... relative to it), set torch's thread
+    count and start processes that import hybridflow: give the threads back after each, and have the
+    processes import this checkout with one thread each."""
+    threads = torch.get_num_threads()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(path: str, argv: list[str], capsys) -> tuple[object, str]:
+    """``main(argv)`` of tools/``path``: its return value and what it printed."""
+    result = tool(path).main(argv)
+    return result, capsys.readouterr().out
+
+
+def exits(path: str, argv: list[str], capsys) -> tuple[object, str, str]:
+    """``main(argv)`` of a tool that ends by SystemExit: its code (or message), stdout and stderr."""
+    with pytest.raises(SystemExit) as stop:
+        tool(path).main(argv)
+    captured = capsys.readouterr()
+    return stop.value.code, captured.out, captured.err
+
+
+# ----------------------------------------------------------------------------- every script
+
+def test_every_file_in_tools_is_covered():
+    found = {str(p.relative_to(TOOLS)) for p in TOOLS.rglob("*") if p.suffix in (".py", ".sh")}
+    assert found == set(SCRIPTS) | set(MODULES) | set(SHELL), "a new tool needs its smoke test here"
+
+
+@pytest.mark.parametrize("path", SCRIPTS)
+def test_help_prints_the_usage(path, capsys):
+    code, out, _ = exits(path, ["--help"], capsys)
+    assert code == 0 and out.startswith("usage: ") and "-h, --help" in out
+
+
+@pytest.mark.parametrize("path", MODULES)
+def test_imported_modules_have_no_command_line(path):
+    """These are libraries of the scripts (loading one runs nothing); the scripts' tests exercise them."""
+    assert "__main__" not in (TOOLS / path).read_text()
+    assert tool(path).__doc__
+
+
+@pytest.mark.parametrize("path", ["bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
+                                  "bench_trl/replay_trl.py", "bench_trl/trl_runner.py"])
+def test_runners_without_arguments_print_their_usage(path, capsys):
+    code, _, err = exits(path, [], capsys)
+    assert code == 2 and err.startswith("usage: ") and "error:" in err
+
+
+# ----------------------------------------------------------------------------- in-process runs
+
+def test_bench_placement_searches_a_small_cluster(capsys):
+    code, out = run("bench_placement.py", ["--model", "llama2-7b", "--gpus", "8"], capsys)
+    assert code == 0
+    assert re.search(r"^llama2-7b PPO on 8 x a100-80g, engine fsdp: search [\d.]+ s wall, [\d.]+ s CPU; "
+                     r"iteration [\d.]+ s$", out, re.M), out
+    for strategy in ("colocate", "split", "standalone"):
+        assert re.search(rf"^  {strategy} +[\d.]+ s$", out, re.M), out
+
+
+def test_bench_rollout_decode_compares_both_paths(capsys):
+    result, out = run("bench_rollout_decode.py", ["--rounds", "1", "--prompts", "2", "--group", "2",
+                                                  "--new-tokens", "2", "--json"], capsys)
+    assert json.loads(out) == result
+    assert result["same_tokens"] and result["rows"] == 4
+    assert all(result[clock][f"{side}_ms"] > 0 for clock in ("wall", "cpu") for side in ("hf", "lean"))
+
+
+def test_bench_overhead_runs_one_pair_of_the_same_steps(capsys):
+    results, out = run("bench_overhead.py", ["--pairs", "1", "--warmup", "0", "--skip", "on", "--prompts", "2",
+                                             "--group", "2", "--new-tokens", "2", "--json"], capsys)
+    assert json.loads(out) == results
+    (result,) = results
+    assert result["skip_rows"] and result["same_rollout_lengths"] == 1, "both sides sample the same responses"
+    assert result["cpu"]["ours_ms"] > 0 and result["cpu"]["hand_ms"] > 0
+
+
+def test_bench_contracts_times_one_round_and_unwraps_the_checks(capsys):
+    from hybridflow.runtime import contracts
+
+    checks = contracts.check_node_output, contracts.check_compute_results
+    _, out = run("bench_contracts.py", ["--rounds", "1", "--json"], capsys)
+    figures = json.loads(out)
+    assert figures["steps_on"] == 2 and figures["steps_off"] == 2  # one round: on, off, off, on
+    assert figures["inside_checks_ms_per_step"] > 0 and figures["median_step_off_s"] > 0
+    assert (contracts.check_node_output, contracts.check_compute_results) == checks
+    assert contracts.enabled()
+
+
+@pytest.mark.parametrize("path, title", [("gen_config_docs.py", "# Configuration reference"),
+                                         ("gen_operator_docs.py", "# RL operators")])
+def test_page_generators_write_their_page(path, title, tmp_path, capsys):
+    page = tmp_path / "page.md"
+    code, _ = run(path, ["--output", str(page)], capsys)
+    assert code == 0 and page.read_text().startswith(title)
+    assert page.read_text() == tool(path).render()
+
+
+def test_bench_placements_trains_a_local_placement(capsys):
+    _, out = run("bench_placements.py", ["--only", "local", "--placement", "colocate", "--steps", "2",
+                                         "rollout_batch_size=2", "n_samples=2", "batch_size=4"], capsys)
+    row = re.search(r"^local +colocate +([\d.]+) +([\d.]+) +([\d.]+)  pool0\[1\]: actor\+critic\+ref", out, re.M)
+    assert row, out
+    assert float(row.group(1)) > 0 and float(row.group(2)) > 0
+
+
+def test_bench_predicted_prints_predicted_against_measured(capsys):
+    _, out = run("bench_predicted.py", ["--only", "grpo", "--steps", "2", "rollout_batch_size=2", "n_samples=2"],
+                 capsys)
+    assert "== grpo: 2 steps in" in out
+    assert re.search(r"^actor\.update +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M), out
+    assert re.search(r"^  grpo +[\d.]+ s vs [\d.]+ s  ratio [\d.]+", out, re.M), out
+
+
+# ----------------------------------------------------------------------------- tools that start processes
+
+def test_bench_learning_runs_one_recipe_step(tmp_path, capsys):
+    report = tmp_path / "results.json"
+    code, out = run("bench_learning.py", ["--algo", "grpo", "--seeds", "0", "--steps", "1",
+                                          "--out", str(tmp_path / "runs"), "--json", str(report)], capsys)
+    (result,) = json.loads(report.read_text())
+    assert code == 0 and "error" not in result, result
+    assert result["algo"] == "grpo" and result["steps"] == 1
+    assert [step for step, _, _ in result["curve"]] == [0, 1] and 0 <= result["final"] <= 1
+    assert "summary grpo: reached 0.5 on" in out
+
+
+def test_bench_logprob_measures_both_variants(capsys):
+    """The smallest sizes whose phases still raise the workers' peak memory (each variant a fresh process)."""
+    code, out = run("bench_logprob.py", ["--n", "256", "--vocab", "2048", "--hidden", "32", "--chunk-size", "64",
+                                         "--repeats", "1"], capsys)
+    assert code == 0
+    assert out.startswith("B*T=256 V=2048 hidden=32 chunk_size=64 float32 threads=1 repeats=1")
+    for phase in ("fwd", "bwd"):
+        assert re.search(rf"^{phase} time +[\d.]+ s +[\d.]+ s +[\d.]+  <= 1.3 (ok|MISSED)$", out, re.M), out
+        assert re.search(rf"^{phase} mem +[\d.]+ MB +[\d.]+ MB +([\d.]+|nan)  <= 0.25 (ok|MISSED)$", out, re.M), out
+
+
+def test_ensure_graphviz_help():
+    usage = subprocess.run(["sh", str(TOOLS / "ensure_graphviz.sh"), "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: ")
+
+
+@pytest.mark.parametrize("dot", [True, False], ids=["dot-present", "dot-missing"])
+def test_ensure_graphviz(dot, tmp_path):
+    """On a PATH of its own, so that it never installs anything here: silent when a ``dot`` is on the PATH,
+    else it says how to install Graphviz."""
+    if dot:
+        (tmp_path / "dot").write_text("#!/bin/sh\n")
+        (tmp_path / "dot").chmod(0o755)
+    done = subprocess.run([shutil.which("sh"), str(TOOLS / "ensure_graphviz.sh")], capture_output=True, text=True,
+                          env={"PATH": str(tmp_path)})
+    assert done.returncode == 0
+    assert (done.stderr == "") if dot else ("install it with: sudo apt-get install graphviz" in done.stderr)
+
+
+# ----------------------------------------------------------------------------- peers that live elsewhere
+
+def test_bench_rollout_says_how_to_get_vllm(capsys):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is importable here: the default form would start it (tens of seconds)")
+    message, _, _ = exits("bench_rollout.py", [], capsys)
+    assert "make vllm-env" in message and ".venv-vllm/bin/python tools/bench_rollout.py" in message
+
+
+def test_bench_vs_trl_default_form_prints_usage_and_the_trl_environment(capsys):
+    message, out, _ = exits("bench_vs_trl.py", [], capsys)
+    assert out.startswith("usage: ") and message.startswith("choose a mode: learn, speed or replay")
+
+
+@pytest.mark.parametrize("mode", ["learn", "speed", "replay"])
+def test_bench_vs_trl_without_trl_says_what_to_install(mode, tmp_path, capsys):
+    venv, out = tmp_path / "no-trl", tmp_path / "out"
+    message, _, _ = exits("bench_vs_trl.py", [mode, "--trl-venv", str(venv), "--out", str(out)], capsys)
+    assert f"{venv} does not exist, so no trl==" in message and "--make-trl-venv" in message
+    assert not venv.exists(), "nothing is installed without --make-trl-venv"
+    assert not any(out.rglob("model*")), "no model folder is made before TRL is found"
+
+
+# ----------------------------------------------------------------------------- hybridflow's side of bench_vs_trl
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory):
+    """A model folder made by hybridflow_runner --make-model and the record of a one-step run on it."""
+    runner = tool("bench_trl/hybridflow_runner.py")
+    work = tmp_path_factory.mktemp("bench_trl")
+    threads = torch.get_num_threads()
+    try:
+        runner.main(["--make-model", str(work / "model_seed0"), "--seed", "0"])
+        config = runner.RunConfig(model_dir=str(work / "model_seed0"), out=str(work / "hybridflow_seed0.json"),
+                                  steps=1, prompts=2, group=2, eval_every=1)
+        config.save(work / "run.config.json")
+        runner.main([str(work / "run.config.json")])
+    finally:
+        torch.set_num_threads(threads)
+    return config
+
+
+@pytest.mark.xdist_group("tools-bench-trl")
+def test_hybridflow_runner_records_a_run(recorded_run):
+    record = json.loads(Path(recorded_run.out).read_text())
+    assert record["framework"] == "hybridflow" and len(record["steps"]) == 1
+    assert record["steps"][0]["grad_norm"] >= 0 and len(record["steps"][0]["prompts"]) == 2
+    assert [e["step"] for e in record["evals"]] == [0, 1]
+    assert all(0 <= e["greedy_accuracy"] <= 1 for e in record["evals"])
+
+
+@pytest.mark.xdist_group("tools-bench-trl")
+def test_bench_vs_trl_learn_summarises_hybridflows_side(recorded_run, tmp_path, capsys):
+    """``learn --sides hybridflow`` on a folder holding the model and the run's record (records that exist are
+    reused, as after an interrupted study): the per-seed table, the summary over seeds, summary.json."""
+    shutil.copytree(recorded_run.model_dir, tmp_path / "model_seed0")
+    shutil.copy(recorded_run.out, tmp_path / "hybridflow_seed0.json")
+    summary, out = run("bench_vs_trl.py", ["learn", "--sides", "hybridflow", "--seeds", "0", "--steps", "1", "--prompts",
+                                           "2", "--group", "2", "--eval-every", "1", "--out", str(tmp_path)], capsys)
+    assert "seed 0: greedy accuracy on 100 prompts" in out and "mean over 1 seeds" in out
+    assert summary["totals"]["hybridflow"]["steps"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["totals"] == summary["totals"]
+
+
+@pytest.mark.xdist_group("tools-bench-trl")
+def test_replay_hybridflow_records_each_steps_batch_weights_and_gradient(recorded_run, tmp_path):
+    from hybridflow.runtime.engines.train import TrainEngine
+
+    update, clip = TrainEngine.update, TrainEngine._clip_gradients
+    config = dataclasses.replace(recorded_run, out=str(tmp_path / "replay.json"))
+    config.save(tmp_path / "replay.config.json")
+    threads = torch.get_num_threads()
+    tool("bench_trl/replay_hybridflow.py").main([str(tmp_path / "replay.config.json"), str(tmp_path / "dump.pt")])
+    torch.set_num_threads(threads)
+    (step,) = torch.load(tmp_path / "dump.pt")
+    assert step["response_ids"].shape[0] == 4 and set(step["grads"]) == set(step["params"])
+    assert (TrainEngine.update, TrainEngine._clip_gradients) == (update, clip), "the recording is undone"
+
+
+# ----------------------------------------------------------------------------- the Ray benchmarks, up to Ray
+
+def test_bench_overlap_default_plans_fit_this_machine():
+    """Both plans of the default form (staleness 0 and 1) compile for its model and bind to the Ray CPU slots;
+    they compiled for a 0.5B preset before, which no CPU slot of a small machine holds."""
+    bench = tool("bench_overlap.py")
+    args = bench.parse_args([])
+    _, batches, plans = bench.workload(args)
+    assert len(batches) == args.warmup + args.steps + 1
+    for staleness, plan in plans.items():
+        assert plan.staleness == staleness and plan.machine.startswith("ray: 2 CPU slots")
+        assert plan.placement("actor").generation_pool
+
+
+def test_bench_dispatch_plan_binds():
+    plan = tool("bench_dispatch.py").one_op_plan()
+    assert plan.machine and [r.role for r in plan.placements] == ["reward"]
+
+
+def test_bench_weight_sync_default_plans_bind():
+    bench = tool("bench_weight_sync.py")
+    _, _, plans = bench.setup(bench.parse_args([]))
+    assert set(plans) == set(bench.CASES) and all(p.machine.startswith("ray: 2 CPU slots") for p in plans.values())
+    sharded = plans["hybrid engine, dp=2 (FSDP2)"]
+    assert len(sharded.pool(sharded.placement("actor").pool).devices) == 2
+
+
+def test_bench_checkpoint_default_plan_binds(tmp_path):
+    bench = tool("bench_checkpoint.py")
+    plan, specs = bench.setup(bench.parse_args([]), tmp_path)
+    assert plan.machine.startswith("ray: 2 CPU slots") and (tmp_path / "model" / "config.json").exists()
+    assert specs["actor"].model == str(tmp_path / "model")
