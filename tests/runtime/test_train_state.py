@@ -94,6 +94,9 @@ def _dp2_rank(rank: int, init: str, folder: str) -> None:
                        f"{folder}/full.pt")
             with open(f"{folder}/saved.json", "w") as f:
                 json.dump(saved, f)
+        # both ranks leave together: a rank that tore its group down while the other was still writing or
+        # gathering ended in gloo's "terminate called without an active exception" (SIGABRT) on a loaded machine
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
