@@ -1,6 +1,6 @@
 """The runtime: the batch container, engines, role workers and executors that run a compiled plan.
 
-``Batch`` is loaded on first use (it needs torch and tensordict), so that importing a light
+``Batch`` is loaded on first use (it needs torch), so that importing a light
 submodule (``runtime.write_guard``, which every command's argument parser reaches) costs nothing.
 """
 from __future__ import annotations

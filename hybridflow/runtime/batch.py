@@ -2,7 +2,7 @@
 
 A :class:`Batch` of ``B`` samples holds
 
-- ``tensors``: a ``tensordict.TensorDict`` with ``batch_size [B]`` (``prompt_ids [B, P]``,
+- ``tensors``: name -> tensor, each with first dim ``B`` (``prompt_ids [B, P]``,
   ``response_mask [B, R]``, ``scores [B]``, ...),
 - ``columns``: per-sample values that are not tensors (prompt text, ground truths,
   ``data_source``, ``extra_info``), each a 1-D numpy array of length ``B``
@@ -14,6 +14,12 @@ memory with the original, as torch and numpy slices do). Row ``i`` of every tens
 and every column belongs to the same sample, and every operation keeps it so.
 Wrong lengths, unknown fields and conflicting values raise :class:`BatchError`
 naming the field and the sizes.
+
+The tensors are a plain dict (treat it as read-only: build a new Batch with
+:meth:`Batch.with_fields`). It used to be a ``tensordict.TensorDict``, of which
+this class used only the batch-size check and row indexing; importing tensordict
+imports ``torch._dynamo`` (about 1.3 s), which every process paid: the trainer,
+each Ray worker, each command.
 """
 from __future__ import annotations
 
@@ -22,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from ..errors import BatchError
 
@@ -76,18 +81,18 @@ def _merge_meta(metas: Sequence[Mapping[str, Any]], what: str) -> dict[str, Any]
 
 
 class Batch:
-    """A batch of samples: ``tensors`` (TensorDict ``[B]``), ``columns`` (name -> 1-D array), ``meta``.
+    """A batch of samples: ``tensors`` (name -> tensor ``[B, ...]``), ``columns`` (name -> 1-D array), ``meta``.
 
     Args:
-        tensors: name -> tensor whose first dim is ``B`` (or a TensorDict with batch size ``[B]``).
+        tensors: name -> tensor whose first dim is ``B``.
         columns: name -> list / 1-D numpy array of ``B`` non-tensor values.
         meta: values that are not per sample.
         batch_size: ``B`` when there are no fields at all (default 0).
     """
 
-    __slots__ = ("tensors", "columns", "meta")
+    __slots__ = ("tensors", "columns", "meta", "_rows")
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor] | TensorDict | None = None,
+    def __init__(self, tensors: Mapping[str, torch.Tensor] | None = None,
                  columns: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
                  *, batch_size: int | None = None):
         tensors = dict(tensors.items()) if tensors is not None else {}
@@ -100,8 +105,8 @@ class Batch:
         if len(sizes) > 1:
             extra = f", batch_size={batch_size}" if batch_size is not None else ""
             raise BatchError(f"fields have different lengths (first dim): {lengths}{extra}; every field needs B rows.")
-        size = sizes.pop() if sizes else 0
-        self.tensors = TensorDict(tensors, batch_size=[size])
+        self._rows = sizes.pop() if sizes else 0
+        self.tensors: dict[str, torch.Tensor] = tensors
         self.columns = columns
         self.meta = dict(meta or {})
 
@@ -121,21 +126,21 @@ class Batch:
     # -- reading -------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return int(self.tensors.batch_size[0])
+        return self._rows
 
     def keys(self) -> list[str]:
         """Tensor field names, then column names."""
-        return [*self.tensors.keys(), *self.columns]
+        return [*self.tensors, *self.columns]
 
     def __contains__(self, name: object) -> bool:
-        return name in self.columns or (isinstance(name, str) and name in self.tensors.keys())
+        return isinstance(name, str) and (name in self.columns or name in self.tensors)
 
     def _field(self, name: str) -> Any:
         if name in self.columns:
             return self.columns[name]
-        if name in self.tensors.keys():
+        if name in self.tensors:
             return self.tensors[name]
-        raise BatchError(f"batch has no field {name!r}; it has tensors {list(self.tensors.keys())} "
+        raise BatchError(f"batch has no field {name!r}; it has tensors {list(self.tensors)} "
                          f"and columns {list(self.columns)}.")
 
     def __getitem__(self, key):
@@ -175,16 +180,18 @@ class Batch:
         return index % max(len(self), 1)
 
     def _take(self, tensor_index: Any, column_index: Any) -> Batch:
-        tensors = self.tensors[tensor_index]
+        """The rows ``tensor_index`` (a slice or an int64 tensor) of the tensors, ``column_index`` of the columns."""
+        tensors = {name: value[tensor_index] for name, value in self.tensors.items()}
         columns = {name: values[column_index] for name, values in self.columns.items()}
-        return Batch(tensors, columns, self.meta, batch_size=int(tensors.batch_size[0]))
+        rows = len(range(*column_index.indices(len(self)))) if isinstance(column_index, slice) else len(column_index)
+        return Batch(tensors, columns, self.meta, batch_size=rows)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Batch):
             return NotImplemented
-        return (len(self) == len(other) and list(self.tensors.keys()) == list(other.tensors.keys())
+        return (len(self) == len(other) and list(self.tensors) == list(other.tensors)
                 and list(self.columns) == list(other.columns)
-                and all(_values_equal(self.tensors[k], other.tensors[k]) for k in self.tensors.keys())
+                and all(_values_equal(self.tensors[k], other.tensors[k]) for k in self.tensors)
                 and all(_values_equal(self.columns[k], other.columns[k]) for k in self.columns)
                 and _values_equal(self.meta, other.meta))
 
@@ -226,7 +233,7 @@ class Batch:
 
     def to(self, device: str | torch.device) -> Batch:
         """The same batch with every tensor on ``device`` (columns and meta unchanged)."""
-        return Batch(self.tensors.to(device), self.columns, self.meta, batch_size=len(self))
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.columns, self.meta, batch_size=len(self))
 
     def split(self, size: int | Sequence[int]) -> list[Batch]:
         """Consecutive pieces: of ``size`` rows each (the last may be smaller), or of the given sizes.
@@ -315,12 +322,11 @@ class Batch:
             raise BatchError("concat of an empty list of batches; give at least one.")
         first = batches[0]
         for i, batch in enumerate(batches[1:], start=1):
-            if (set(batch.tensors.keys()), set(batch.columns)) != (set(first.tensors.keys()), set(first.columns)):
-                raise BatchError(f"concat: batch {i} has tensors {list(batch.tensors.keys())} and columns "
-                                 f"{list(batch.columns)}, batch 0 has tensors {list(first.tensors.keys())} and "
+            if (set(batch.tensors), set(batch.columns)) != (set(first.tensors), set(first.columns)):
+                raise BatchError(f"concat: batch {i} has tensors {list(batch.tensors)} and columns "
+                                 f"{list(batch.columns)}, batch 0 has tensors {list(first.tensors)} and "
                                  f"columns {list(first.columns)}.")
-        tensors = {name: Batch._concat_tensor(name, [b.tensors[name] for b in batches])
-                   for name in first.tensors.keys()}
+        tensors = {name: Batch._concat_tensor(name, [b.tensors[name] for b in batches]) for name in first.tensors}
         columns = {name: np.concatenate([b.columns[name] for b in batches]) for name in first.columns}
         meta = _merge_meta([b.meta for b in batches], "concat")
         return Batch(tensors, columns, meta, batch_size=sum(len(b) for b in batches))
