@@ -18,7 +18,7 @@ Not run for real here, and why (each still gets ``--help``):
 * bench_rollout, bench_vs_trl's TRL side (speed, replay, trl_runner, replay_trl): they need vLLM or
   TRL, which live in environments of their own; here they must say what to install.
 
-tools/generated_page.py and tools/bench_trl/{common,parity,speed_table}.py are modules the scripts
+tools/generated_page.py and tools/bench_trl/{common,parity,speed_table,trl_venv}.py are modules the scripts
 import, with no command line: they are only imported.
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ SCRIPTS = (
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
 )
 """The Python scripts with a command line: ``main(argv)``."""
-MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/parity.py", "bench_trl/speed_table.py")
+MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/parity.py", "bench_trl/speed_table.py",
+           "bench_trl/trl_venv.py")
 """Modules the scripts import: no command line of their own."""
 SHELL = ("ensure_graphviz.sh",)
 
