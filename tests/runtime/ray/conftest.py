@@ -37,21 +37,29 @@ def start_shared_ray() -> None:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    start_shared_ray()
-    yield ray.cluster_resources()
-    ray.shutdown()
+def _shared_ray_session():
+    """Stops this process's shared instance at the end of the session (if one runs then)."""
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_cluster(_shared_ray_session):
+    """The shared instance, started by the first test of this process that asks for it, and again by the first one
+    after a module that ran its own cluster (:func:`own_ray`): a worker whose last Ray module was test_multinode
+    starts none it would not use (each start is ~5 s of CPU for Ray's processes)."""
+    if not ray.is_initialized():
+        start_shared_ray()
+    return ray.cluster_resources()
 
 
 @pytest.fixture(scope="module")
 def own_ray():
     """For a module that starts a Ray cluster of its own (test_multinode): the shared instance, if this process
-    has it, is stopped for the module and started again after it (the two never run at once in one worker)."""
-    shared = ray.is_initialized()
-    if shared:
+    has it, is stopped for the module; the next test that asks for :func:`ray_cluster` starts it again."""
+    if ray.is_initialized():
         ray.shutdown()
     yield
     if ray.is_initialized():
         ray.shutdown()
-    if shared:
-        start_shared_ray()
