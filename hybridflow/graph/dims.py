@@ -14,15 +14,16 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
+from ..names import IDENTIFIER_RE
+
 __all__ = ["canonical", "factors", "is_symbol", "substitute", "unify", "symbols"]
 
-_SYMBOL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INT_RE = re.compile(r"^[0-9]+$")
 
 
 def is_symbol(dim: str) -> bool:
     """True for a bare symbol such as ``B`` (not ``B*8``, not ``4``)."""
-    return bool(_SYMBOL_RE.match(dim))
+    return bool(IDENTIFIER_RE.match(dim))
 
 
 def _factors(dim: str) -> tuple[int, tuple[str, ...]]:

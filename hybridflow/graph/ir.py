@@ -25,11 +25,11 @@ make new objects (``dataclasses.replace`` or the ``with_*`` helpers).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping
 
 from ..errors import GraphError
+from ..names import NAME_RE
 from .attrs import ATTRS_BY_KIND, NodeAttrs, Params, make_params
 from .resampling import Resample
 from .schema import Schema
@@ -47,11 +47,9 @@ RULE_KINDS = ("reward", "cost")
 CONTROLLER = "controller"
 """The pseudo-role of compute nodes: they run on the single controller, not on a model's workers."""
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-
 
 def _check_name(value: object, what: str) -> None:
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.match(value):
         raise GraphError(f"{what} {value!r} is not a valid name; use letters, digits, '_', '.', '-' (starting with a letter)")
 
 

@@ -21,6 +21,7 @@ import json
 import re
 
 from ..errors import GraphError
+from ..names import IDENTIFIER, NAME
 from .attrs import attrs_from_dict, attrs_to_dict, make_params
 from .ir import Graph, GraphInput, Input, Node, Role
 from .resampling import resample_from_dict, resample_to_dict
@@ -28,14 +29,13 @@ from .schema import Schema, parse_field
 
 __all__ = ["graph_to_text", "graph_from_text"]
 
-_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
-_GRAPH = re.compile(rf"^graph ({_NAME})$")
-_ATTR = re.compile(r"^attr ([A-Za-z_][A-Za-z0-9_]*) = (.+)$")
-_ROLE = re.compile(rf"^role ({_NAME}): (\w+), (trainable|frozen)(, rule)?$")
-_INPUT = re.compile(rf"^input ({_NAME}) (\(.*\))$")
-_NODE = re.compile(rf"^node ({_NAME}): (\w+) @({_NAME}) ({_NAME})\(([^()]*)\) (\{{.*\}})$")
+_GRAPH = re.compile(rf"^graph ({NAME})$")
+_ATTR = re.compile(rf"^attr ({IDENTIFIER}) = (.+)$")
+_ROLE = re.compile(rf"^role ({NAME}): (\w+), (trainable|frozen)(, rule)?$")
+_INPUT = re.compile(rf"^input ({NAME}) (\(.*\))$")
+_NODE = re.compile(rf"^node ({NAME}): (\w+) @({NAME}) ({NAME})\(([^()]*)\) (\{{.*\}})$")
 _OUTPUTS = re.compile(r"^\s+-> (\(.*\))$")
-_INPUT_ITEM = re.compile(rf"^([A-Za-z_][A-Za-z0-9_]*)=({_NAME})\.([A-Za-z_][A-Za-z0-9_]*)$")
+_INPUT_ITEM = re.compile(rf"^({IDENTIFIER})=({NAME})\.({IDENTIFIER})$")
 
 
 def _json(value: object) -> str:

@@ -9,12 +9,12 @@
 """
 from __future__ import annotations
 
-import re
 from typing import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import ConfigError, PlacementError
+from ...names import DEVICE_RE
 from ..cluster import ClusterSpec
 from ..cost import CostOptions
 from ..layout import Layout, layout_problem
@@ -84,9 +84,6 @@ def manual_placement(workload: Workload, cluster: ClusterSpec, pools: Sequence[P
     return _scored(workload, cluster, options, choice, "manual", value)
 
 
-_DEVICE = re.compile(r"^(cpu|cuda|mps)(?::(\d+))?$")
-
-
 def placement_from_device_map(device_map: Mapping[str, str], workload: Workload):
     """A placement from ``{role: device string}``: one single-device pool per distinct string, colocating its roles."""
     from .types import Placement, Pool, RolePlacement
@@ -99,10 +96,10 @@ def placement_from_device_map(device_map: Mapping[str, str], workload: Workload)
     roles = []
     for name in workload.role_names:
         device = device_map[name].strip().lower()
-        match = _DEVICE.match(device)
+        match = DEVICE_RE.match(device)
         if not match:
             raise ConfigError(f"device_map[{name!r}] = {device_map[name]!r}: expected 'cpu', 'cuda', 'cuda:N' or 'mps'")
-        kind, index = match.group(1), int(match.group(2) or 0)
+        kind, index = device.partition(":")[0], int(match.group("index") or 0)
         key = "cpu" if kind == "cpu" else f"{kind}:{index}"
         pools.setdefault(key, len(pools))
         gen = Layout(1) if workload.role(name).generates else None
