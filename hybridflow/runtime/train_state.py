@@ -18,7 +18,6 @@ the LR schedule, the mini-batch shuffle generator) is returned as JSON for the c
 """
 from __future__ import annotations
 
-import base64
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,19 +26,12 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CheckpointError
+from .byte_state import state_from_text, state_to_text
 from .dcp_files import dcp_exception, safe_reader, save_dcp, unwrap_dcp_error
 
 __all__ = ["save_train_state", "load_train_state"]
 
 MODEL, OPTIM = "model/", "optim/"
-
-
-def _b64(state: torch.Tensor) -> str:
-    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
-
-
-def _unb64(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
 def _live_state(engine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -74,7 +66,7 @@ def save_train_state(engine, folder: str | Path, *, role: str, group=None) -> di
     tensors = {k: v.detach() for k, v in _flat(model, optim["state"], role).items()}
     save_dcp(tensors, folder, f"{folder}: writing the state of role {role!r} failed", **_dcp_kwargs(group))
     return {"param_groups": optim["param_groups"], "scheduler": engine.scheduler.state_dict(),
-            "shuffle_rng": _b64(engine._shuffle.get_state())}
+            "shuffle_rng": state_to_text(engine._shuffle.get_state())}
 
 
 def load_train_state(engine, folder: str | Path, saved: Mapping[str, Any], *, role: str, group=None) -> None:
@@ -113,4 +105,4 @@ def load_train_state(engine, folder: str | Path, saved: Mapping[str, Any], *, ro
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"role {role!r}: the checkpoint does not fit this model ({err}); "
                               "was it written by a run with another model?") from None
-    engine._shuffle.set_state(_unb64(saved["shuffle_rng"]))
+    engine._shuffle.set_state(state_from_text(saved["shuffle_rng"]))

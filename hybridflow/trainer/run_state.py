@@ -10,23 +10,15 @@ the config with its hash. Byte states (generators) are base64 strings.
 """
 from __future__ import annotations
 
-import base64
 import random
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 
+from ..runtime.byte_state import state_from_text, state_to_text
 
 __all__ = ["capture_json", "restore", "rng_state", "set_rng_state"]
-
-
-def _b64(state: torch.Tensor) -> str:
-    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
-
-
-def _unb64(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
 # -- global RNGs ------------------------------------------------------------------------------
@@ -35,24 +27,24 @@ def rng_state() -> dict[str, Any]:
     """torch (CPU and CUDA), numpy and python RNG states, JSON-ready."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, internal, gauss_next = random.getstate()
-    state = {"torch": _b64(torch.get_rng_state()),
+    state = {"torch": state_to_text(torch.get_rng_state()),
              "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
                        "cached_gaussian": float(gauss)},
              "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next}}
     if torch.cuda.is_available():
-        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+        state["cuda"] = [state_to_text(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`rng_state` returned."""
-    torch.set_rng_state(_unb64(state["torch"]))
+    torch.set_rng_state(state_from_text(state["torch"]))
     n = state["numpy"]
     np.random.set_state((n["kind"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+        torch.cuda.set_rng_state_all([state_from_text(s) for s in state["cuda"]])
 
 
 # -- engines ----------------------------------------------------------------------------------

@@ -22,14 +22,14 @@ sampling randomness is one ``torch.Generator`` per seed, which
 """
 from __future__ import annotations
 
-import base64
 from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
 from hybridflow.errors import ExecutionError
 
-from ..batch import Batch
+from ...batch import Batch
+from ..byte_state import state_from_text, state_to_text
 from .decode import decode
 from .lean_decode import supports_lean
 from .sampling import SamplingParams
@@ -143,13 +143,13 @@ class HFRolloutEngine:
 
     def rng_state(self) -> dict[str, Any]:
         """``{"generators": {seed: base64 of the generator state}}`` of every seed used so far."""
-        return {"generators": {str(seed): base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")
+        return {"generators": {str(seed): state_to_text(g.get_state())
                                for seed, g in self._generators.items()}}
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
         for seed, text in state.get("generators", {}).items():
             generator = torch.Generator(device=self.device)
-            generator.set_state(torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone())
+            generator.set_state(state_from_text(text))
             self._generators[int(seed)] = generator
 
     def sleep(self) -> None:
