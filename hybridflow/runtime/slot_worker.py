@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ExecutionError
-from .batch import Batch
+from ..batch import Batch
 from .roles import RoleSpec
 from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
 from .worker import RoleWorker
@@ -150,11 +150,7 @@ class SlotWorker:
     def sync_weights(self, role: str) -> tuple[SyncStats, tuple[float, float]]:
         """Hybrid engine: stream the train engine's full tensors into this slot's rollout engine in buckets."""
         start = time.time()
-        engines = self.worker._engines(role, "rollout")
-        if engines.train is None or engines.rollout.shares_weights_with(engines.train):
-            stats = SyncStats(0, 0, 0, 0, 0.0)
-        else:
-            stats = stream_into(engines.rollout, engines.train.named_weights(), bucket_bytes=self.bucket_bytes)
+        stats = self.worker.sync_weights(role, bucket_bytes=self.bucket_bytes)
         return stats, (start, time.time())
 
     def send_weights(self, role: str, group: str, src: int) -> tuple[SyncStats, tuple[float, float]]:

@@ -13,9 +13,10 @@ from typing import Mapping, Sequence
 import torch
 
 from ..errors import ExecutionError
-from .batch import Batch
+from ..batch import Batch
 from .engines import SamplingParams
 from .roles import RoleEngines, RoleSpec, build_engines
+from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, stream_into
 
 __all__ = ["RoleWorker"]
 
@@ -67,12 +68,13 @@ class RoleWorker:
         return self._engines(role, "train").train.update(batch, terms)
 
     # -- transitions -------------------------------------------------------------------
-    def sync_weights(self, role: str) -> int:
-        """Copy the train engine's weights into the rollout engine; returns the tensors copied (0 if shared)."""
+    def sync_weights(self, role: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SyncStats:
+        """Hybrid engine: stream the train engine's full tensors into the rollout engine in buckets of
+        ``bucket_bytes``; nothing moves (all-zero stats) when the two share one module."""
         engines = self._engines(role, "rollout")
         if engines.train is None or engines.rollout.shares_weights_with(engines.train):
-            return 0
-        return engines.rollout.update_weights(engines.train.named_weights())
+            return SyncStats(0, 0, 0, 0, 0.0)
+        return stream_into(engines.rollout, engines.train.named_weights(), bucket_bytes=bucket_bytes)
 
     def offload(self, role: str, items: Sequence[str]) -> None:
         self._move(role, items, torch.device("cpu"))

@@ -96,9 +96,9 @@ def test_worker_syncs_and_offloads_through_the_protocol(model, tokenizer):
     spec = RoleSpec(model=model, tokenizer=tokenizer, train=TrainEngineConfig(lr=1e-2), share_rollout_module=False)
     worker = RoleWorker("cpu", {"actor": ("policy", spec)})
     engines = worker.engines["actor"]
-    assert worker.sync_weights("actor") == len(model.state_dict())
+    assert worker.sync_weights("actor").tensors == len(model.state_dict())
     shared = RoleWorker("cpu", {"actor": ("policy", RoleSpec(model=model, tokenizer=tokenizer))})
-    assert shared.sync_weights("actor") == 0
+    assert shared.sync_weights("actor").tensors == 0
     worker.offload("actor", ["params", "optimizer"])
     worker.onload("actor", ["params", "optimizer"])
     assert not engines.rollout.shares_weights_with(engines.train)
