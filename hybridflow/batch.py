@@ -1,5 +1,8 @@
 """The batch container that flows between nodes: tensors, aligned non-tensor columns, meta.
 
+It sits below the layers that use it: the data layer makes batches of prompts (:mod:`hybridflow.data`), the
+runtime's engines and executors pass them between nodes, the trainer reads them.
+
 A :class:`Batch` of ``B`` samples holds
 
 - ``tensors``: name -> tensor, each with first dim ``B`` (``prompt_ids [B, P]``,
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BatchError
+from .errors import BatchError
 
 __all__ = ["Batch"]
 

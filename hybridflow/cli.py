@@ -14,10 +14,10 @@ from .errors import HybridflowError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "viz": ("hybridflow.viz.command", "draw an algorithm graph, a compiled plan, or a run's trace"),
-    "compile": ("hybridflow.compiler.command", "compile an algorithm for a cluster into an ExecutionPlan (placement, schedule)"),
-    "profile": ("hybridflow.compiler.profile_command", "measure a model on this machine and fit the cost model's factors to it"),
-    "simulate": ("hybridflow.compiler.simulate_command", "predicted iteration time per cluster size: colocate, split, standalone, auto"),
+    "viz": ("hybridflow.commands.viz", "draw an algorithm graph, a compiled plan, or a run's trace"),
+    "compile": ("hybridflow.commands.compile", "compile an algorithm for a cluster into an ExecutionPlan (placement, schedule)"),
+    "profile": ("hybridflow.commands.profile", "measure a model on this machine and fit the cost model's factors to it"),
+    "simulate": ("hybridflow.commands.simulate", "predicted iteration time per cluster size: colocate, split, standalone, auto"),
     "quickstart": ("hybridflow.trainer.quickstart", "the seed article's minimal PPO on a tiny model, on CPU, in minutes"),
     "run": ("hybridflow.trainer.run_command", "train as a YAML run file says: run CONFIG.yaml [key=value ...]"),
     "export": ("hybridflow.trainer.export", "write a checkpoint's policy as a transformers model folder"),

@@ -70,7 +70,7 @@ def one_op_plan():
 
 
 def batch(rows: int, length: int):
-    from hybridflow.runtime.batch import Batch
+    from hybridflow.batch import Batch
 
     ids = torch.randint(3, 20, (rows, length))
     return Batch({"prompt_ids": ids, "prompt_mask": torch.ones_like(ids)})

@@ -3,7 +3,7 @@
 For GRPO (examples/configs/grpo_arith.yaml) and PPO (examples/configs/quickstart.yaml)
 on the tiny model: train ``--steps`` steps as ``hybridflow run`` does — the
 trainer calibrates this machine's cluster to the model
-(:func:`hybridflow.compiler.calibrate.calibrate`), compiles the graph for it
+(:func:`hybridflow.runtime.calibration.calibrate`), compiles the graph for it
 with the run's batch shape and runs that plan — and print each op's predicted
 seconds (the plan's) against its measured median span, and the step's.
 

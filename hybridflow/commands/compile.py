@@ -45,7 +45,7 @@ def add_engine_argument(parser: argparse.ArgumentParser) -> None:
 
 def parse_engines(value: str) -> tuple[str, ...]:
     """``--engine fsdp,megatron`` as the checked tuple of engine names (ConfigError naming the flag)."""
-    from .engine import check_engines
+    from ..compiler.engine import check_engines
 
     return check_engines((e.strip() for e in value.split(",") if e.strip()), f"--engine {value!r}")
 
@@ -66,7 +66,7 @@ def parse_models(items: list[str]) -> dict[str, str]:
 def batch_from_args(args: argparse.Namespace):
     from pydantic import ValidationError
 
-    from .passes import BatchShape
+    from ..compiler.passes import BatchShape
 
     try:
         return BatchShape(prompts=args.prompts, prompt_len=args.prompt_len, response_len=args.response_len,
@@ -88,10 +88,10 @@ def load_graph(source: str, overrides: list[str], imports: list[str] = ()):
     """The graph of ALGO (see :func:`~hybridflow.algorithms.resolve.resolve_algorithm`) with ``--set`` overrides,
     after importing ``imports``; a graph file is validated as the DSL validates."""
     from ..algorithms.resolve import import_modules, resolve_algorithm
-    from ..viz.command import _overrides
+    from .viz import assignments
 
     import_modules(imports, "--import")
-    values = _overrides(overrides)
+    values = assignments(overrides)
     algorithm = resolve_algorithm(source, "ALGO")
     if values and not algorithm.defaults:
         raise ConfigError(f"--set overrides an algorithm's attributes; {source!r} is a fixed graph without any")
@@ -144,8 +144,8 @@ def _summary(report) -> list[str]:
 
 def machine_cluster(name: str, cpu_slots: int | None = None):
     """The ClusterSpec of ``--cluster``: a preset, or the machine at hand ('local'; 'ray': the Ray cluster)."""
-    from .cluster import ClusterSpec
-    from .machine import local_machine, ray_machine
+    from ..compiler.cluster import ClusterSpec
+    from ..compiler.machine import local_machine, ray_machine
 
     if name == "local":
         return local_machine(cpu_slots).cluster()
@@ -162,7 +162,7 @@ def machine_cluster(name: str, cpu_slots: int | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .compile import IRDump, compile_report
+    from ..compiler.compile import IRDump, compile_report
 
     graph = load_graph(args.algorithm, args.overrides, args.imports)
     models = parse_models(args.models)

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def profile_lines(profile, cluster, cached: bool) -> list[str]:
     """The measured figures and the fitted fields, as printed by the command."""
-    from .calibrate import FITTED_FIELDS, cache_dir
+    from ..compiler.calibrate import FITTED_FIELDS, cache_dir
 
     m = profile.model
     where = f"cached in {cache_dir()}" if cached else f"measured in {profile.seconds:.1f} s"
@@ -45,8 +45,9 @@ def profile_lines(profile, cluster, cached: bool) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .calibrate import cached_profile, calibrated_cluster
-    from .cluster import ClusterSpec
+    from ..compiler.calibrate import calibrated_cluster
+    from ..runtime.calibration import cached_profile
+    from ..compiler.cluster import ClusterSpec
 
     profile, cached = cached_profile(args.model, args.device, args.threads, cache=not args.no_cache)
     cluster = calibrated_cluster(ClusterSpec.parse(args.cluster), profile)

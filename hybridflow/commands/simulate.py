@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ConfigError
-from .command import (ALGO_HELP, add_batch_arguments, add_import_argument, add_engine_argument, add_model_arguments, batch_from_args, load_graph,
+from .compile import (ALGO_HELP, add_batch_arguments, add_import_argument, add_engine_argument, add_model_arguments, batch_from_args, load_graph,
                       parse_engines, parse_models)
 
 __all__ = ["add_arguments", "run"]
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _apply_workload_preset(args: argparse.Namespace) -> None:
     """Fill the batch arguments left unset from the ``--workload`` preset."""
-    from .workload import workload_preset
+    from ..compiler.workload import workload_preset
 
     preset = workload_preset(args.workload)
     for arg, value in (("prompts", preset.prompts), ("prompt_len", preset.prompt_len), ("response_len", preset.response_len),
@@ -74,12 +74,12 @@ def _apply_workload_preset(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .models import ModelSpec
-    from .passes import lower_workload, resolve_models
-    from .passes.lower import actor_role, parse_model
-    from .cost import CostOptions
-    from .cluster import ClusterSpec
-    from .simulate import agreement, apply_settings, format_scaling, format_table, simulate_table, strong_scaling
+    from ..compiler.models import ModelSpec
+    from ..compiler.passes import lower_workload, resolve_models
+    from ..compiler.passes.lower import actor_role, parse_model
+    from ..compiler.cost import CostOptions
+    from ..compiler.cluster import ClusterSpec
+    from ..compiler.simulate import agreement, apply_settings, format_scaling, format_table, simulate_table, strong_scaling
 
     _apply_workload_preset(args)
     engines = parse_engines(args.engine)

@@ -57,7 +57,7 @@ def _draw_graph_doc(doc: object, out: Path, args: argparse.Namespace | None = No
     """
     from ..graph.serialize import graph_from_dict
     from ..graph.validate import validate
-    from .graph import draw_graph
+    from ..viz.graph import draw_graph
 
     from ..graph.errors import UnknownOpError
 
@@ -94,9 +94,9 @@ def _read_trace(path: str | None):
 
 def _draw_plan_doc(doc: object, out: Path, args: argparse.Namespace | None = None) -> Written:
     from ..compiler.plan import read_plan
-    from .gantt import draw_gantt
-    from .plan import draw_plan
-    from .trace import write_plan_trace
+    from ..viz.gantt import draw_gantt
+    from ..viz.plan import draw_plan
+    from ..viz.trace import write_plan_trace
 
     plan = read_plan(json.dumps(doc))  # the graph validated, then the plan verified: drawing needs a sound plan
     trace = _read_trace(getattr(args, "trace", None))
@@ -112,7 +112,7 @@ def _draw_plan_doc(doc: object, out: Path, args: argparse.Namespace | None = Non
 
 
 def _draw_trace_doc(doc: object, out: Path, args: argparse.Namespace | None = None) -> Written:
-    from .gantt import draw_gantt
+    from ..viz.gantt import draw_gantt
 
     gantt = draw_gantt(out.with_name(out.name + ".gantt.svg"), None, doc, iteration=getattr(args, "iteration", None),
                        title="measured run")
@@ -139,7 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override an algorithm attribute, e.g. --set n=4 (VALUE is read as JSON, else as a string); repeatable")
 
 
-def _overrides(items: list[str]) -> dict[str, object]:
+def assignments(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` items of ``--set`` as a dict, each value read as JSON where it is JSON, else kept as text."""
     found: dict[str, object] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -174,13 +175,13 @@ def run(args: argparse.Namespace) -> int:
 
     import_modules(args.imports, "--import")
     source = args.source
-    overrides = _overrides(args.overrides)
+    overrides = assignments(args.overrides)
     if Path(source).is_file():
         if overrides:
             raise ConfigError("--set overrides an algorithm's attributes; it does not apply to a JSON file")
         rendered = _draw_file(Path(source), Path(args.output or Path(source).stem), args)
     else:
-        from .graph import draw_graph
+        from ..viz.graph import draw_graph
 
         algorithm = resolve_algorithm(source, "SOURCE")
         rendered = draw_graph(algorithm.build(**overrides), Path(args.output or algorithm.name))

@@ -1,10 +1,11 @@
 """Calibrate a cluster's cost-model factors to times measured on the machine at hand.
 
-:func:`~hybridflow.compiler.profiling.profile_model` measures a model with the
+:func:`~hybridflow.runtime.calibration.profile_model` measures a model with the
 trainer's engines; :func:`calibrated_cluster` fits the cluster's efficiency
 factors and fixed overheads so that the cost rules (:mod:`.cost`) reproduce
-those measurements; :func:`calibrate` does both for every model of a run,
-with the profiles cached on disk.
+those measurements; :func:`~hybridflow.runtime.calibration.calibrate` does both for every
+model of a run, with the profiles cached on disk (the measuring runs the runtime's engines,
+so it lives in the runtime; this module is the pure part).
 
 The fit. Every measured time is a line in an "ideal time" ``x`` (the cost
 rule's FLOPs over ``peak_flops``, i.e. the time at 100% of peak), so each kind
@@ -47,13 +48,13 @@ from typing import Mapping, Sequence
 from ..errors import ConfigError
 from . import memory as mem
 from .cluster import ClusterSpec
-from .cost import CostOptions
-from .profiling import Profile, host_description, load_model_config, profile_model
+from .cost import SHARED_PROMPT_MIN_SAVED, CostOptions
+from .profiling import Profile, host_description
 
 log = logging.getLogger("hybridflow.compiler")
 
-__all__ = ["Profile", "profile_model", "fit_line", "calibrated_cluster", "engine_cost_options", "cache_dir",
-           "profile_key", "load_level", "cached_profile", "calibrate", "FITTED_FIELDS"]
+__all__ = ["Profile", "fit_line", "calibrated_cluster", "engine_cost_options", "cache_root", "cache_dir",
+           "profile_key", "load_level", "FITTED_FIELDS"]
 
 FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward_overhead_s",
                  "train_micro_batch_overhead_s", "optimizer_step_overhead_s", "prefill_overhead_s",
@@ -104,10 +105,8 @@ def engine_cost_options(train_micro_batch: int, infer_micro_batch: int) -> CostO
     ``train_micro_batch`` / ``infer_micro_batch``: the run's micro-batch sizes
     (the whole mini-batch / the whole batch when the config leaves them unset).
     """
-    from ..runtime.engines.shared_prompt import MIN_SAVED_POSITIONS
-
     return CostOptions(activation_checkpointing=False, shared_prefill=True, train_micro_batch=train_micro_batch,
-                       infer_micro_batch=infer_micro_batch, shared_prompt_min_saved=MIN_SAVED_POSITIONS)
+                       infer_micro_batch=infer_micro_batch, shared_prompt_min_saved=SHARED_PROMPT_MIN_SAVED)
 
 
 def _ideal(flops: float, cluster: ClusterSpec) -> float:
@@ -190,66 +189,3 @@ def profile_key(config: Mapping, device: str, threads: int, **settings) -> str:
     described = {"config": shape, "device": str(device), "threads": int(threads), "torch": torch.__version__,
                  "host": host_description(), "settings": settings, "format": PROFILE_FORMAT}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", threads: int | None = None, *,
-                   cache: bool = True, busy: float | None = None, **settings) -> tuple[Profile, bool]:
-    """(profile, whether it came from the cache) of ``model``: read from :func:`cache_dir` or measured and stored.
-
-    ``busy``: cores other processes keep busy now (default: measured over 0.2 s); the profile of its
-    :func:`load_level` is used. A new profile records the larger of that and the load measured while
-    profiling (a neighbour that started meanwhile counts), and is stored under that load's level.
-    ``settings`` go to :func:`profile_model` (batch_sizes, prompt_len, ...) and into the key.
-    """
-    import torch
-
-    from ..runtime.threads import OtherLoad, busy_cores
-
-    config, _ = load_model_config(model)
-    used_threads = threads if threads is not None else torch.get_num_threads()
-    key = profile_key(config, device, used_threads, **settings)
-    busy = busy_cores() if busy is None else busy
-    file = cache_dir() / f"{key}-load{load_level(busy)}.json"
-    if cache and file.is_file():
-        try:
-            return Profile.from_json(file.read_text(encoding="utf-8")), True
-        except ValueError:
-            pass  # a stale or broken entry: measure again and overwrite it
-    meter = OtherLoad()
-    profile = profile_model(model, device=device, threads=used_threads, **settings)
-    during = meter.cores()
-    measured_under = max(busy, during or 0.0)
-    if load_level(measured_under) != load_level(busy):
-        log.info("calibrate: %.1f cores were busy elsewhere before profiling %s and %.1f while it ran: the profile "
-                 "is kept as one of the higher load", busy, profile.source, during)
-    profile = profile.model_copy(update={"busy_cores": measured_under})
-    if cache:
-        file = cache_dir() / f"{key}-load{load_level(measured_under)}.json"
-        file.parent.mkdir(parents=True, exist_ok=True)
-        staging = file.with_suffix(f".{os.getpid()}.tmp")
-        staging.write_text(profile.to_json(), encoding="utf-8")
-        staging.replace(file)
-    return profile, False
-
-
-def calibrate(cluster: ClusterSpec | str, models: Mapping[str, str | os.PathLike | None], device: str = "cpu",
-              threads: int | None = None, cache: bool = True, options: CostOptions | None = None) -> ClusterSpec:
-    """``cluster`` calibrated to the models of a run: role -> model folder (None or ``"rule"``: no model).
-
-    Each distinct folder is profiled once (or read from the cache); the
-    factors are fitted to all profiles together (:func:`calibrated_cluster`).
-    """
-    cluster = ClusterSpec.parse(cluster) if isinstance(cluster, str) else cluster
-    folders = []
-    for role, model in models.items():
-        if model is None or str(model) == "rule":
-            continue
-        path = Path(model).resolve()
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"calibrate: the model of role {role!r}, {str(model)!r}, is not a folder with a config.json")
-        if path not in folders:
-            folders.append(path)
-    if not folders:
-        raise ConfigError(f"calibrate: no role of {sorted(models)} has a model folder to measure")
-    profiles = [cached_profile(folder, device, threads, cache=cache)[0] for folder in folders]
-    return calibrated_cluster(cluster, profiles, options)

@@ -6,7 +6,7 @@ accelerators. Hardware figures are datasheet peaks; the ``*_efficiency`` and
 cost model stays analytical and a user can calibrate it by measurement. The
 ``*_overhead_s`` fields are fixed per-call times (per forward micro-batch, per
 decode step, ...); every preset leaves them at 0, and
-:func:`hybridflow.compiler.calibrate.calibrate` fits them, with the efficiency
+:func:`hybridflow.runtime.calibration.calibrate` fits them, with the efficiency
 factors, to times measured on the machine at hand.
 
 Presets (``ClusterSpec.preset(name, nodes=...)`` or ``ClusterSpec.parse("a100-80g:16")``):

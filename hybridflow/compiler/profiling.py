@@ -1,24 +1,9 @@
-"""Measure a model on a device with the engines the trainer runs: the raw figures of calibration.
+"""What a measurement of a model on a device holds: :class:`Profile`, the raw figures of calibration.
 
-:func:`profile_model` builds the model from its ``config.json`` with random
-weights (weights do not change speed), then times, at each of a few batch
-sizes ``b`` of ``prompt_len``-token prompts:
-
-- ``forward_s``: :meth:`TrainEngine.compute_log_probs` over ``b`` sequences of
-  ``prompt_len + response_len`` tokens (one micro-batch);
-- ``train_s``: one :meth:`TrainEngine.update` (PPO clip + KL loss, one epoch,
-  one mini-batch, one micro-batch: forward, backward, clipping, AdamW step);
-- ``prefill_s`` / ``generate_s``: :meth:`HFRolloutEngine.generate` of one and of
-  ``response_len`` tokens per prompt (``n = 1``, EOS not stopping);
-- ``controller_s``: one GAE call on ``(b, response_len)`` tensors, the kind of
-  math the controller's compute nodes run;
-
-and once ``train_split_s``: the update of the largest batch in
-``split_micro_batches`` micro-batches. Each figure is the median of
-``repeats`` runs after one warm-up run; the runs go round-robin over all the
-figures, so that a burst of other work on a shared machine spoils one run of
-several figures rather than every run of one. :mod:`hybridflow.compiler.calibrate`
-fits the cluster's factors to these figures and caches them.
+:func:`hybridflow.runtime.calibration.profile_model` measures them with the engines the trainer runs;
+:mod:`hybridflow.compiler.calibrate` fits the cluster's factors to them. Here also the two facts a profile's
+cache key needs without running anything: the host (:func:`host_description`) and the model's
+``config.json`` (:func:`load_model_config`).
 """
 from __future__ import annotations
 
@@ -26,17 +11,15 @@ import json
 import os
 import platform
 import socket
-import statistics
-import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 from .models import ModelSpec
 
-__all__ = ["Profile", "profile_model", "host_description", "load_model_config"]
+__all__ = ["Profile", "host_description", "load_model_config"]
 
 
 class Profile(BaseModel):
@@ -103,110 +86,3 @@ def load_model_config(model: str | os.PathLike | Mapping[str, Any]) -> tuple[dic
         return json.loads(file.read_text(encoding="utf-8")), str(path)
     except json.JSONDecodeError as err:
         raise ConfigError(f"profile: {file} is not valid JSON ({err})") from None
-
-
-def _median_times(calls: Mapping[Any, Callable[[], Any]], repeats: int, sync: Callable[[], None]) -> dict[Any, float]:
-    """Median wall seconds of each call over ``repeats`` round-robin passes, after one warm-up pass."""
-    times: dict[Any, list[float]] = {key: [] for key in calls}
-    for attempt in range(repeats + 1):
-        for key, call in calls.items():
-            start = time.perf_counter()
-            call()
-            sync()
-            if attempt:
-                times[key].append(time.perf_counter() - start)
-    return {key: statistics.median(found) for key, found in times.items()}
-
-
-def _build(config: dict[str, Any], device: str):
-    """The causal LM of ``config`` with seeded random weights, on ``device``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    values = dict(config)
-    model_type = values.pop("model_type", None)
-    if model_type is None:
-        raise ConfigError("profile: the model config has no model_type; give a transformers config.json")
-    hf_config = AutoConfig.for_model(model_type, **values)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(hf_config).to(device), hf_config
-
-
-def _tokenizer(source: str):
-    """The folder's tokenizer when it has one (the rollout engine then detokenises, as in training), else None."""
-    folder = Path(source)
-    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
-        return None
-    from ..data import load_tokenizer
-
-    return load_tokenizer(folder)
-
-
-def profile_model(model_dir_or_config: str | os.PathLike | Mapping[str, Any], device: str = "cpu",
-                  threads: int | None = None, batch_sizes: tuple[int, ...] = (16, 128, 512), *,
-                  prompt_len: int = 8, response_len: int = 4, repeats: int = 3,
-                  split_micro_batches: int = 4) -> Profile:
-    """Measure the model of ``model_dir_or_config`` on ``device`` (module docstring).
-
-    ``threads``: torch threads while measuring (restored after); None keeps the current number.
-    Raises ConfigError for a folder without config.json or a config transformers cannot build.
-    """
-    import torch
-    from hybridflow_ops import get_op
-
-    from ..runtime.batch import Batch
-    from ..runtime.engines import HFRolloutEngine, SamplingParams, TrainEngine, TrainEngineConfig
-
-    if response_len < 2 or not batch_sizes or min(batch_sizes) < 1:
-        raise ConfigError(f"profile: needs response_len >= 2 and batch sizes >= 1, got {response_len} and {batch_sizes}")
-    batch_sizes = tuple(sorted(set(batch_sizes)))
-    started = time.perf_counter()
-    config, source = load_model_config(model_dir_or_config)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
-    try:
-        module, hf_config = _build(config, device)
-        vocab = hf_config.vocab_size
-        tokenizer = _tokenizer(source) if source != "config" else None
-        rollout = HFRolloutEngine(module, tokenizer=tokenizer, device=device)
-        losses = [("ppo_clip", 1.0, {}), ("kl_loss", 0.1, {"kl_type": "low_var_kl"})]
-        generator = torch.Generator().manual_seed(0)
-        gae = get_op("gae").fn
-        calls: dict[tuple[str, int], Callable[[], Any]] = {}
-        for b in batch_sizes:
-            prompt = torch.randint(min(4, vocab - 1), vocab, (b, prompt_len), generator=generator)
-            response = torch.randint(min(4, vocab - 1), vocab, (b, response_len), generator=generator)
-            ones = torch.ones(b, response_len)
-            batch = {"prompt_ids": prompt, "prompt_mask": torch.ones(b, prompt_len), "response_ids": response,
-                     "response_mask": ones, "old_log_probs": -ones, "ref_log_probs": -ones,
-                     "advantages": torch.randn(b, response_len, generator=generator)}
-            engine = TrainEngine(module, TrainEngineConfig(lr=1e-6), device=device)
-            prompts = Batch({"prompt_ids": prompt, "prompt_mask": batch["prompt_mask"]})
-            first = SamplingParams(n=1, max_new_tokens=1, temperature=1.0, stop_at_eos=False)
-            every = SamplingParams(n=1, max_new_tokens=response_len, temperature=1.0, stop_at_eos=False)
-            calls[("forward", b)] = lambda e=engine, t=batch: e.compute_log_probs(t)
-            calls[("train", b)] = lambda e=engine, t=batch: e.update(t, losses)
-            calls[("prefill", b)] = lambda p=prompts: rollout.generate(p, first)
-            calls[("generate", b)] = lambda p=prompts: rollout.generate(p, every)
-            calls[("controller", b)] = lambda o=ones: gae(-o, o, o)
-        split = TrainEngine(module, TrainEngineConfig(lr=1e-6, micro_batch_size=max(1, batch_sizes[-1] // split_micro_batches)),
-                            device=device)
-        calls[("split", batch_sizes[-1])] = lambda: split.update(batch, losses)
-        times = _median_times(calls, repeats, sync)
-        used_threads = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-    return Profile(
-        model=ModelSpec.from_config(config, name=Path(source).name if source != "config" else None),
-        source=source, device=str(device), threads=used_threads, torch_version=torch.__version__, host=host_description(),
-        prompt_len=prompt_len, response_len=response_len, batch_sizes=tuple(batch_sizes),
-        forward_s=_per_size(times, "forward", batch_sizes), train_s=_per_size(times, "train", batch_sizes),
-        split_micro_batches=split_micro_batches, train_split_s=times[("split", batch_sizes[-1])],
-        prefill_s=_per_size(times, "prefill", batch_sizes), generate_s=_per_size(times, "generate", batch_sizes),
-        controller_s=_per_size(times, "controller", batch_sizes), seconds=time.perf_counter() - started)
-
-
-def _per_size(times: Mapping[tuple[str, int], float], kind: str, batch_sizes: tuple[int, ...]) -> tuple[float, ...]:
-    return tuple(times[(kind, b)] for b in batch_sizes)

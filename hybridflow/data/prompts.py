@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import DataError
-from ..runtime.batch import Batch
+from ..batch import Batch
 
 __all__ = ["prompt_text", "tokenize_prompts", "make_prompt_batch"]
 

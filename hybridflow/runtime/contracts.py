@@ -46,7 +46,7 @@ from ..errors import ContractError
 from ..graph import Node
 from ..graph.dims import factors
 from ..graph.schema import Schema
-from .batch import Batch
+from ..batch import Batch
 
 __all__ = ["ENV_VAR", "DimScope", "enabled", "set_enabled", "check_node_output", "check_compute_results"]
 

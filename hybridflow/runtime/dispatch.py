@@ -1,7 +1,7 @@
 """Data-parallel dispatch: a node's batch split over the ranks of a pool, and the ranks' results merged.
 
 Pure functions of batches (no Ray here), one splitter and one merger per
-worker method (tables keyed by method, STYLE.md principle 4):
+worker method (tables keyed by method: a new method adds a row, not a branch):
 
 * :func:`split_for_ranks` pads the batch to a multiple of the rank count by
   repeating its last row (:meth:`Batch.pad_to_divisor`) and cuts it into equal
@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .batch import Batch
+from ..batch import Batch
 from .engines import RewardOutput
 
 __all__ = ["Split", "split_for_ranks", "MERGERS", "merge_results", "merge_update_metrics"]

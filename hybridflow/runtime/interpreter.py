@@ -1,6 +1,6 @@
 """The plan interpreter both executors share: a ready queue over the plan's ops.
 
-One run loop for every executor (STYLE.md, principle 3). A :class:`Stream` is
+One run loop for every executor: local and Ray differ only in how an op reaches a worker. A :class:`Stream` is
 one run through a list of plan ops with its own environment (producer name ->
 :class:`Batch`): a whole iteration, or, with overlap (:mod:`.overlap`), the
 generation working ahead for the next iteration. :class:`PlanExecutor` drives
@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..compiler.plan import ExecutionPlan, PlanOp
 from ..errors import ExecutionError, HybridflowError, PlanError
 from ..graph import CONTROLLER
-from .batch import Batch
+from ..batch import Batch
 from .dispatch import merge_results, split_for_ranks
 from .node_calls import node_call, node_output, reused_log_probs, run_compute
 from .resampling import Refill, ResampleRun

@@ -1,7 +1,7 @@
 """What each graph node asks of the workers, whatever executor runs the plan.
 
 Both executors interpret the same plan through this module, so neither has its
-own idea of the algorithm (STYLE.md, principle 3). A node op is run in three
+own idea of the algorithm. A node op is run in three
 steps:
 
 1. :func:`node_call` gathers the node's inputs from the environment (producer
@@ -35,7 +35,7 @@ from hybridflow_ops.registry import get_op
 from ..errors import ExecutionError, RewardError
 from ..graph import Node
 from . import contracts
-from .batch import Batch
+from ..batch import Batch
 
 __all__ = ["SEQUENCE_FIELDS", "WorkerCall", "gather", "node_call", "node_output", "run_compute", "reused_log_probs",
            "CALL_BUILDERS", "OUTPUT_READERS"]

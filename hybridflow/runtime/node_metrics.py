@@ -24,7 +24,7 @@ from typing import Mapping
 import torch
 
 from ..graph import Graph, Node
-from .batch import Batch
+from ..batch import Batch
 
 __all__ = ["graph_metrics", "STATS", "score_metric_prefix"]
 

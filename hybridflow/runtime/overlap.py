@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping
 
 from ..errors import ExecutionError
-from .batch import Batch
+from ..batch import Batch
 from .interpreter import IterationResult, IterationState, Stream
 
 if TYPE_CHECKING:

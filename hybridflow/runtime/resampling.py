@@ -31,7 +31,7 @@ from ..compiler.plan import PlanOp
 from ..errors import ExecutionError
 from ..graph import Graph
 from ..graph.resampling import Resample
-from .batch import Batch
+from ..batch import Batch
 
 __all__ = ["ResampleRun", "Round", "select_groups", "concat_padded", "Refill"]
 

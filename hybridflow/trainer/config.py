@@ -12,12 +12,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from ..names import DEVICE_RE
 
 __all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error",
            "config_hash"]
@@ -25,7 +25,6 @@ __all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """Tracker names the ``trackers`` field accepts."""
 TrackerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 
 
 class LRSchedule(BaseModel):
@@ -188,7 +187,7 @@ class PPOConfig(BaseModel):
         out = {}
         for key, device in value.items():
             text = str(device).strip().lower()
-            if not _DEVICE.match(text):
+            if not DEVICE_RE.match(text):
                 raise ValueError(f"device_map[{key!r}] = {device!r} is not a device; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
             out[str(key)] = text
         return out
@@ -290,7 +289,7 @@ def _suggestion(name: str) -> str:
     if name in MOVED_FIELDS:
         return f"; it moved to {MOVED_FIELDS[name]}"
     close = difflib.get_close_matches(name, PPOConfig.model_fields, n=1)
-    return f"; did you mean {close[0]!r}?" if close else "; see `hybridflow run --help-config` for the fields"
+    return f"; did you mean {close[0]!r}?" if close else "; see `hybridflow run --fields` for the fields"
 
 
 def config_error(err: ValidationError, where: str = "config") -> ConfigError:

@@ -9,7 +9,7 @@
 * the batch shape from the config: prompts per step, the padded prompt length
   of the training prompts, the response length, epochs and mini-batches;
 * the cluster's figures measured on this machine (``calibrate``, on by default:
-  :func:`~hybridflow.compiler.calibrate.calibrate` profiles each model folder
+  :func:`~hybridflow.runtime.calibration.calibrate` profiles each model folder
   once and caches the result), so the plan's predicted times are this
   machine's; the run's summary sets them against the measured ones;
 * ``placement`` (a strategy, a pool spec, or a device map — ``device_map``
@@ -162,7 +162,7 @@ def run_cluster(trainer: "Trainer", machine: Machine) -> ClusterSpec:
         log.info("calibrate: not every model is a local folder (%s); the cost model uses datasheet figures",
                  ", ".join(f"{r}={p}" for r, p in folders.items()))
         return cluster
-    from ..compiler.calibrate import calibrate
+    from ..runtime.calibration import calibrate
 
     import torch
 

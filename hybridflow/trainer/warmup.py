@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..runtime.batch import Batch
+from ..batch import Batch
 from ..runtime.engines import TrainEngine, TrainEngineConfig
 
 __all__ = ["supervised_warmup"]

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-import hybridflow.compiler.calibrate as calibration
+import hybridflow.runtime.calibration as calibration
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.cli import main
 from hybridflow.compiler import ClusterSpec, ModelSpec
-from hybridflow.compiler.calibrate import (FITTED_FIELDS, Profile, cached_profile, calibrate, calibrated_cluster,
-                                           engine_cost_options, fit_line, load_level, profile_model)
+from hybridflow.compiler.calibrate import FITTED_FIELDS, Profile, calibrated_cluster, engine_cost_options, fit_line, load_level
+from hybridflow.runtime.calibration import cached_profile, calibrate, profile_model
 from hybridflow.compiler.cluster import CLUSTER_PRESETS, GIB
 from hybridflow.compiler.compile import compile
 from hybridflow.compiler.cost import CostOptions, Generate, Infer, Update, estimate

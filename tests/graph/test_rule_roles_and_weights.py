@@ -65,7 +65,7 @@ def test_a_loss_term_is_weighted_by_weight_only():
 
 
 def test_one_output_ops_may_return_a_bare_tensor():
-    from hybridflow.runtime.batch import Batch
+    from hybridflow.batch import Batch
     from hybridflow.runtime.node_calls import run_compute
 
     @register_op("t_bare_double", inputs=("scores: float32[B]",), outputs=("scores: float32[B]",), replace=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hybridflow.errors import RewardError
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 from hybridflow.utils import RemoteRewardModel
 
 

@@ -21,7 +21,7 @@ from hybridflow.runtime import contracts
 from hybridflow.data import make_prompt_batch, make_tiny_model, make_tiny_tokenizer
 from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
 from hybridflow.runtime.engines import SamplingParams, TrainEngineConfig
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 from hybridflow.runtime.local import LocalExecutor
 from hybridflow.runtime.roles import RoleSpec
 from hybridflow.runtime.worker import RoleWorker

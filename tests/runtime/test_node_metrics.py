@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridflow.algorithms import ALGORITHMS
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 from hybridflow.runtime.node_metrics import graph_metrics
 
 

@@ -9,7 +9,7 @@ from hybridflow import PPOConfig
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.compiler.plan import PlanOp
 from hybridflow.data import create_tiny_model_dir, load_causal_lm
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 from hybridflow.runtime.engines.lm_logprobs import response_log_probs
 from hybridflow.runtime.resampling import ResampleRun, Round, concat_padded, select_groups
 from hybridflow.trainer import Trainer

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ...errors import ConfigError, PlacementError
+from ...names import DEVICE_RE, IDENTIFIER
 from ..layout import Layout
 from ..placement import FIXED_STRATEGIES, Placement, PoolSpec
 
 __all__ = ["RolloutPool", "ResolvedPlacement", "STRATEGIES", "ROLE_ALIASES", "parse_placement", "normalise_device"]
 
 STRATEGIES = ("auto", *FIXED_STRATEGIES)
-_ROLE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)(\.generate)?\s*(?:\(([^)]*)\))?\s*$")
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+_ROLE = re.compile(rf"^\s*({IDENTIFIER})(\.generate)?\s*(?:\(([^)]*)\))?\s*$")
 
 ROLE_ALIASES = {"rm": "reward", "reward_model": "reward", "reference": "ref", "policy": "actor"}
 """Role names the seed article's ``device_map`` uses for the graph's roles (``rm`` is the reward)."""
@@ -41,7 +41,7 @@ ROLE_ALIASES = {"rm": "reward", "reward_model": "reward", "reference": "ref", "p
 def normalise_device(device: str, role: str) -> str:
     """``"cuda"`` -> ``"cuda:0"``; anything but cpu / cuda[:N] / mps is a PlacementError."""
     text = str(device).strip().lower()
-    if not _DEVICE.match(text):
+    if not DEVICE_RE.match(text):
         raise PlacementError(f"device_map[{role!r}] = {device!r} is not a device; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
     return "cuda:0" if text == "cuda" else text
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, runtime
 
 import torch
 
-from ..batch import Batch
+from ...batch import Batch
 from .sampling import SamplingParams
 
 __all__ = ["RolloutEngine", "TrainEngineProtocol", "NamedTensors"]

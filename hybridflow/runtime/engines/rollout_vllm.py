@@ -65,7 +65,7 @@ import torch
 
 from hybridflow.errors import ConfigError, ExecutionError
 
-from ..batch import Batch
+from ...batch import Batch
 from .registry import VLLMOptions
 from .sampling import SamplingParams
 from .text import decode_responses

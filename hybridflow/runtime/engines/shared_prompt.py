@@ -22,19 +22,13 @@ from __future__ import annotations
 
 import torch
 
+from ...compiler.cost import SHARED_PROMPT_MIN_SAVED as MIN_SAVED_POSITIONS
 from ...compiler.cost import SHARED_PROMPT_REFERENCE_WIDTH as REFERENCE_WIDTH
 from ...compiler.cost import shared_prompt_threshold
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "min_saved_positions", "prompt_groups",
            "shared_response_hidden"]
-
-MIN_SAVED_POSITIONS = 64
-"""Prompt positions the sharing must save (``(rows - distinct prompts) x P``) to be used, at width
-:data:`REFERENCE_WIDTH`: it costs a second backbone call. Measured on one CPU thread (GRPO update,
-7.9M-parameter model, hidden 256, P = 5, 3 response positions): one group of 8 (35 saved) 232 ms
-shared vs 208 ms joined, two groups (70) 291 vs 297, four (140) 356 vs 477."""
-
 
 def min_saved_positions(hidden: int | None) -> int:
     """The prompt positions sharing must save in a model of width ``hidden``: ``ceil(64 * 256 / hidden)``.

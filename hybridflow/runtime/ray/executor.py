@@ -1,7 +1,7 @@
 """RayExecutor: runs a bound ExecutionPlan on a Ray cluster, one actor per device slot.
 
-The same interpreter of the same plan as the LocalExecutor (:mod:`..interpreter`;
-STYLE.md, principle 3), distributed:
+The same interpreter of the same plan as the LocalExecutor (:mod:`..interpreter`: one run
+loop for every executor), distributed:
 
 * **placement** — one placement group per pool (:mod:`.cluster`), one actor per
   device slot in it, hosting a :class:`~hybridflow.runtime.worker.RoleWorker`

@@ -6,7 +6,7 @@ import torch
 from engine_testkit import prompt_batch, tiny_model
 
 from hybridflow.data.tiny import make_tiny_tokenizer
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 
 torch.set_num_threads(1)
 

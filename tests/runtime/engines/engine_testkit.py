@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from hybridflow.data.tiny import make_tiny_model
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 
 PROMPTS = ["1+2=", "13+4=", "9=", "100+200=", "7+7=", "5+0=", "22+3=", "8="]
 

@@ -138,7 +138,7 @@ def test_a_forward_hook_sends_decoding_through_the_model_forward():
 
 def test_the_lean_path_computes_as_in_eval_mode_so_the_engine_keeps_the_train_mode():
     from hybridflow.data.tiny import make_tiny_tokenizer
-    from hybridflow.runtime.batch import Batch
+    from hybridflow.batch import Batch
     from hybridflow.runtime.engines import HFRolloutEngine
 
     model = _model("qwen2")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridflow.errors import RewardError
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 from hybridflow.runtime.engines import RuleRewardSource
 
 EOS, PAD = 2, 0

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridflow.runtime.batch import Batch
+from hybridflow.batch import Batch
 from hybridflow.runtime.engines import RewardOutput
 from hybridflow.runtime.dispatch import merge_results, merge_update_metrics, split_for_ranks
 
