@@ -48,6 +48,7 @@ from .layout import Layout
 __all__ = [
     "HybridEngineGroups", "ReshardFigures", "BroadcastSync",
     "hybrid_engine_groups", "hybrid_engine_figures", "transition_figures", "table2", "cross_pool_sync", "train_coords",
+    "WEIGHT_SYNC_BUCKET_BYTES",
 ]
 
 
@@ -197,8 +198,13 @@ class BroadcastSync:
     time_s: float
 
 
+WEIGHT_SYNC_BUCKET_BYTES = 256 * 2**20
+"""Bytes per bucket of a weight sync: the runtime streams the weights in buckets of this size
+(``runtime.weight_sync.DEFAULT_BUCKET_BYTES`` is this value) and the cost model predicts with it."""
+
+
 def cross_pool_sync(model_bytes: float, trainer: Layout, rollout: Layout, cluster: ClusterSpec,
-                    bucket_bytes: float = 512 * 2**20, same_node: bool = False) -> BroadcastSync:
+                    bucket_bytes: float = WEIGHT_SYNC_BUCKET_BYTES, same_node: bool = False) -> BroadcastSync:
     """Volume and time of sending ``model_bytes`` from ``trainer`` to the ``rollout`` pool.
 
     Step 1, per bucket: the trainer ranks all-gather it (each receives
