@@ -7,8 +7,10 @@ as ``hybridflow.compiler`` or a top-level module such as ``hybridflow.batch``) o
 left out: ``hybridflow/__init__.py``, and the imports inside a module's ``__getattr__`` (PEP 562), which only
 re-export names for users' import paths (``from hybridflow.algorithms import GRPOTrainer``, the seed article's)
 and are not used by the package's own code. The layering this keeps, lowest first:
-``errors``, ``names``, ``batch``, ``hybridflow_ops`` < ``graph`` < ``algorithms``, ``compiler``, ``data``, ``viz``
-< ``runtime`` < ``rewards``, ``trainer``, ``commands`` (the compiler decides, the runtime runs what it decided).
+``errors``, ``names``, ``capabilities``, ``batch``, ``hybridflow_ops`` < ``graph`` < ``algorithms``, ``compiler``, ``data``, ``viz``
+< ``runtime`` < ``rewards``, ``trainer``, ``commands`` (the compiler decides, the runtime runs what it decided;
+the facts about the runtime that the compiler predicts with, engine names, the shared-prompt threshold and the
+weight-sync bucket size, are in ``capabilities``, which both read and which imports neither).
 """
 from __future__ import annotations
 

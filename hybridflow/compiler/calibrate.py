@@ -45,10 +45,11 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..capabilities import SHARED_PROMPT_MIN_SAVED
 from ..errors import ConfigError
 from . import memory as mem
 from .cluster import ClusterSpec
-from .cost import SHARED_PROMPT_MIN_SAVED, CostOptions
+from .cost import CostOptions
 from .profiling import Profile, host_description
 
 log = logging.getLogger("hybridflow.compiler")

@@ -69,6 +69,7 @@ from typing import Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..capabilities import DEFAULT_ROLLOUT_ENGINE, shared_prompt_threshold
 from ..errors import PlanError
 from . import memory as mem
 from .cluster import ClusterSpec
@@ -78,7 +79,7 @@ from .layout import Layout
 from .models import ModelSpec
 from .engine import DEFAULT_ENGINE, shards_weights_over_dp
 from .reshard import transition_figures
-from .rollout_engines import DEFAULT_ROLLOUT_ENGINE, rollout_engine_cost
+from .rollout_engines import rollout_engine_cost
 
 __all__ = [
     "CostOptions", "CostRecord", "Generate", "Infer", "Score", "Compute", "Update",
@@ -299,30 +300,6 @@ def _forward_parts(model: ModelSpec, layout: Layout, tokens_per_micro: float, mi
     tp = layers * all_reduces_per_layer * micro_batches * all_reduce_time(act, layout.tp, layout.tp, c)
     pp = 0.0 if layout.pp == 1 else micro_batches * sends * act / c.link_bandwidth(layout.model_parallel)
     return tp, pp
-
-
-SHARED_PROMPT_REFERENCE_WIDTH = 256
-"""The model width at which a shared-prompt threshold is stated (``CostOptions.shared_prompt_min_saved``)."""
-
-SHARED_PROMPT_MIN_SAVED = 64
-"""Prompt positions hybridflow's train engine requires the sharing to save (``(rows - distinct prompts) x P``)
-before it uses it, at width :data:`SHARED_PROMPT_REFERENCE_WIDTH`: it costs a second backbone call. One fact for
-both sides: the engine (``runtime.engines.shared_prompt.MIN_SAVED_POSITIONS``) applies it, the cost model
-predicts with it. Measured on one CPU thread (GRPO update, 7.9M-parameter model, hidden 256, P = 5, 3 response
-positions): one group of 8 (35 saved) 232 ms shared vs 208 ms joined, two groups (70) 291 vs 297, four (140)
-356 vs 477."""
-
-
-def shared_prompt_threshold(min_saved: int, hidden: int | None) -> int:
-    """Prompt positions the shared-prompt forward must save in a model of width ``hidden``: ``ceil(min_saved·256/hidden)``.
-
-    ``min_saved`` holds at width 256; a saved position's work grows with the width while the second
-    backbone call's cost is mostly fixed, so the break-even falls as the width grows. The train
-    engine (runtime.engines.shared_prompt) and the cost model both apply this rule. None: ``min_saved``.
-    """
-    if not hidden:
-        return min_saved
-    return -(-min_saved * SHARED_PROMPT_REFERENCE_WIDTH // hidden)
 
 
 def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, hidden: int,

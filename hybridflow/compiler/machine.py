@@ -28,14 +28,12 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from ..capabilities import RUNTIME_TRAIN_ENGINES
 from ..errors import BindError, PlacementError
 from .cluster import CLUSTER_PRESETS, ClusterSpec, detect_local_cpu
 from .plan import ExecutionPlan, verify_plan
 
-RUNTIME_TRAIN_ENGINES = ("fsdp",)
-"""Training engines hybridflow's runtime executes (the others exist in the cost model only)."""
-
-__all__ = ["Machine", "BindError", "RUNTIME_TRAIN_ENGINES", "local_machine", "ray_machine", "cpu_nodes_machine", "RayNode",
+__all__ = ["Machine", "BindError", "local_machine", "ray_machine", "cpu_nodes_machine", "RayNode",
            "describe_nodes", "default_cpu_slots", "bind", "compile_for", "plan_node"]
 
 _SLOT = re.compile(r"^n(\d+)\.d(\d+)$")

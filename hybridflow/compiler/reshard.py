@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from ..capabilities import WEIGHT_SYNC_BUCKET_BYTES
 from ..errors import PlanError
 from .cluster import ClusterSpec
 from .comm import all_gather_volume, broadcast_time
@@ -48,7 +49,6 @@ from .layout import Layout
 __all__ = [
     "HybridEngineGroups", "ReshardFigures", "BroadcastSync",
     "hybrid_engine_groups", "hybrid_engine_figures", "transition_figures", "table2", "cross_pool_sync", "train_coords",
-    "WEIGHT_SYNC_BUCKET_BYTES",
 ]
 
 
@@ -196,11 +196,6 @@ class BroadcastSync:
     bytes_sent_by_source: float
     """Bytes trainer rank 0 sends: M (a chain forwards the rest)."""
     time_s: float
-
-
-WEIGHT_SYNC_BUCKET_BYTES = 256 * 2**20
-"""Bytes per bucket of a weight sync: the runtime streams the weights in buckets of this size
-(``runtime.weight_sync.DEFAULT_BUCKET_BYTES`` is this value) and the cost model predicts with it."""
 
 
 def cross_pool_sync(model_bytes: float, trainer: Layout, rollout: Layout, cluster: ClusterSpec,

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..capabilities import DEFAULT_ROLLOUT_ENGINE
 from ..errors import ConfigError
 
-__all__ = ["RolloutEngineCost", "ROLLOUT_ENGINE_COSTS", "DEFAULT_ROLLOUT_ENGINE", "rollout_engine_cost"]
-
-DEFAULT_ROLLOUT_ENGINE = "hf"
+__all__ = ["RolloutEngineCost", "ROLLOUT_ENGINE_COSTS", "rollout_engine_cost"]
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,14 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from ..compiler.reshard import WEIGHT_SYNC_BUCKET_BYTES
+from ..capabilities import WEIGHT_SYNC_BUCKET_BYTES
 from ..errors import ExecutionError
 
 __all__ = ["TensorSpec", "SyncStats", "DEFAULT_BUCKET_BYTES", "bucket_plan", "tensor_specs", "stream_into",
            "broadcast_send", "broadcast_receive"]
 
 DEFAULT_BUCKET_BYTES = WEIGHT_SYNC_BUCKET_BYTES
-"""Bytes per bucket (the cost model predicts a sync with the same figure: ``compiler.reshard``)."""
+"""Bytes per bucket (the cost model predicts a sync with the same figure: ``hybridflow.capabilities``)."""
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from ...compiler.cost import SHARED_PROMPT_MIN_SAVED as MIN_SAVED_POSITIONS
-from ...compiler.cost import SHARED_PROMPT_REFERENCE_WIDTH as REFERENCE_WIDTH
-from ...compiler.cost import shared_prompt_threshold
+from ...capabilities import SHARED_PROMPT_MIN_SAVED as MIN_SAVED_POSITIONS
+from ...capabilities import SHARED_PROMPT_REFERENCE_WIDTH as REFERENCE_WIDTH
+from ...capabilities import shared_prompt_threshold
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "min_saved_positions", "prompt_groups",
