@@ -19,12 +19,13 @@ iteration) this pass inserts a ``weight_sync`` op:
 """
 from __future__ import annotations
 
+from ...capabilities import WEIGHT_SYNC_BUCKET_BYTES
 from ..memory import PARAM_BYTES
 from ..plan import ExecutionPlan, PlanOp
 from ..engine import shards_weights_over_dp
 from ..reshard import cross_pool_sync, hybrid_engine_figures, hybrid_engine_groups
 from .context import CompileContext
-from .timing import BUCKET_BYTES, layout_of
+from .timing import layout_of
 
 __all__ = ["reshard", "sync_op"]
 
@@ -39,8 +40,8 @@ def sync_op(name: str, role: str, plan: ExecutionPlan, ctx: CompileContext, deps
     train, gen = layout_of(p.layout), layout_of(p.generation_layout or p.layout)
     model_bytes = PARAM_BYTES * ctx.models[role].params
     if p.generation_pool:
-        sync = cross_pool_sync(model_bytes, train, gen, ctx.cluster, BUCKET_BYTES)
-        note = (f"bucketed broadcast {p.pool} -> {p.generation_pool}: {sync.buckets} buckets of {_gib(BUCKET_BYTES)}, "
+        sync = cross_pool_sync(model_bytes, train, gen, ctx.cluster, WEIGHT_SYNC_BUCKET_BYTES)
+        note = (f"bucketed broadcast {p.pool} -> {p.generation_pool}: {sync.buckets} buckets of {_gib(WEIGHT_SYNC_BUCKET_BYTES)}, "
                 f"trainer {train} all-gathers each, rank 0 sends it along a chain of {gen.size} rollout ranks ({gen})")
         return PlanOp(name=name, kind="weight_sync", role=role, pool=p.pool, target_pool=p.generation_pool, deps=deps,
                       volume_bytes=int(sync.volume_per_receiver), note=note)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
+from ...capabilities import WEIGHT_SYNC_BUCKET_BYTES
 from ...errors import PlanError
 from ...graph import Node
 from ..cost import CostRecord, Compute, Generate, Infer, Offload, Onload, Score, Update, WeightSync, estimate
@@ -27,10 +28,7 @@ from ..plan import ExecutionPlan, LayoutPlan, PlanOp, RolePlacement
 from ..reshard import cross_pool_sync
 from .context import CompileContext
 
-__all__ = ["PlanView", "layout_of", "op_cost", "OP_COSTS", "NODE_COSTS", "BUCKET_BYTES"]
-
-BUCKET_BYTES = 512 * 2**20
-"""Bucket of the cross-pool weight broadcast."""
+__all__ = ["PlanView", "layout_of", "op_cost", "OP_COSTS", "NODE_COSTS"]
 
 
 def layout_of(plan_layout: LayoutPlan) -> Layout:
@@ -169,8 +167,8 @@ def _weight_sync(view: PlanView, op: PlanOp) -> CostRecord:
         record = estimate(WeightSync(model, train, gen, p.train_engine), view.ctx.cluster, view.ctx.options)
         return CostRecord("weight_sync", record.time_s, used + record.peak_memory_bytes, record.parts, record.problem)
     model_bytes = PARAM_BYTES * model.params
-    sync = cross_pool_sync(model_bytes, train, gen, view.ctx.cluster, BUCKET_BYTES)
-    return CostRecord("weight_sync", sync.time_s, used + min(BUCKET_BYTES, model_bytes), (("broadcast", sync.time_s),))
+    sync = cross_pool_sync(model_bytes, train, gen, view.ctx.cluster, WEIGHT_SYNC_BUCKET_BYTES)
+    return CostRecord("weight_sync", sync.time_s, used + min(WEIGHT_SYNC_BUCKET_BYTES, model_bytes), (("broadcast", sync.time_s),))
 
 
 def _transfer(view: PlanView, op: PlanOp) -> CostRecord:
