@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from hybridflow.trainer.config import DERIVED_ATTRS, GRAPH_ATTRS, LRSchedule, PPOConfig, field_attribute
+from hybridflow.trainer.config import (DERIVED_ATTRS, GRAPH_ATTRS, OPS_TABLE_FIELDS, LRSchedule, PPOConfig, field_attribute,
+                                       ops_table_choices)
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 _SECTION = re.compile(r"^\s*# -- (.+?) -+\s*$")
@@ -65,6 +66,14 @@ def _type_cell(annotation: object) -> str:
     return _type(annotation).replace("|", "&#124;")
 
 
+def _field_type_cell(name: str, annotation: object) -> str:
+    """A field whose values are the names of a ``hybridflow_ops`` table lists them and the table."""
+    if name in OPS_TABLE_FIELDS:
+        choices = ", ".join(repr(c) for c in ops_table_choices(name))
+        return f"str: {choices} ({OPS_TABLE_FIELDS[name]})"
+    return _type_cell(annotation)
+
+
 def _default(name: str) -> str:
     value = PPOConfig.model_fields[name].get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
@@ -77,7 +86,7 @@ def _field_rows(names: list[str]) -> list[str]:
     for name in names:
         field = PPOConfig.model_fields[name]
         attribute = field_attribute(name)
-        rows.append(f"| `{name}` | {_type_cell(field.annotation)} | {_cell(_default(name))} | "
+        rows.append(f"| `{name}` | {_field_type_cell(name, field.annotation)} | {_cell(_default(name))} | "
                     f"{_cell(f'`{attribute}`') if attribute else ''} | {_cell(field.description)} |")
     return rows
 

@@ -11,20 +11,35 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from ..capabilities import DEFAULT_ROLLOUT_ENGINE, ROLLOUT_ENGINE_NAMES
 from ..errors import ConfigError
 from ..names import DEVICE_RE
 
-__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "config_error",
+__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "OPS_TABLE_FIELDS", "ops_table_choices", "config_error",
            "config_hash"]
 
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """Tracker names the ``trackers`` field accepts."""
-TrackerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+TrackerName = Literal[TRACKERS]
+RolloutEngineName = Literal[ROLLOUT_ENGINE_NAMES]
+
+OPS_TABLE_FIELDS = {"kl_type": "hybridflow_ops.kl.KL_TYPES",
+                    "loss_agg_mode": "hybridflow_ops.losses.aggregate.LOSS_AGG_MODES"}
+"""Fields whose value names an entry of a ``hybridflow_ops`` table (``module.TABLE``): the table is the one list of
+choices. It is read when a config is validated, not when this module is imported (hybridflow_ops imports torch)."""
+
+
+def ops_table_choices(field: str) -> tuple[str, ...]:
+    """The values field ``field`` of :data:`OPS_TABLE_FIELDS` accepts: the keys of its ``hybridflow_ops`` table."""
+    module, table = OPS_TABLE_FIELDS[field].rsplit(".", 1)
+    return tuple(getattr(importlib.import_module(module), table))
 
 
 class LRSchedule(BaseModel):
@@ -104,12 +119,12 @@ class PPOConfig(BaseModel):
     clip_ratio_high: float | None = Field(None, gt=0.0, description="Upper clip range epsilon_high, for algorithms with a clip_high attribute; None: the algorithm's default.")
     value_clip: float = Field(0.2, gt=0.0, description="Critic value clip range.")
     kl_coef: float = Field(0.001, ge=0.0, description="KL penalty coefficient beta.")
-    kl_type: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k3+", "low_var_kl+"] = Field("k1", description="KL estimator (Schulman 2020): k1/kl, abs, k2/mse, k3/low_var_kl; a trailing '+' (k1+, abs+, k3+) is the straight-through variant: the value of the named estimator with the gradient of k2 (hybridflow_ops.kl).")
+    kl_type: str = Field("k1", description="KL estimator (Schulman 2020): k1/kl, abs, k2/mse, k3/low_var_kl; a trailing '+' (k1+, abs+, k3+) is the straight-through variant: the value of the named estimator with the gradient of k2 (hybridflow_ops.kl).")
     kl_in_reward: bool = Field(True, description="PPO: fold the KL into the reward (True) or add it to the actor loss (False).")
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus coefficient.")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda.")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum"] = Field("token-mean", description="How per-token losses become one number (hybridflow_ops.losses.aggregate): token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr.GRPO), token-sum (no normaliser).")
+    loss_agg_mode: str = Field("token-mean", description="How per-token losses become one number (hybridflow_ops.losses.aggregate): token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr.GRPO), token-sum (no normaliser).")
     recompute_old_log_probs: bool = Field(True, description="GRPO: PPO's old log-probs from an actor logprob node (True; served from the rollout where reuse_rollout_log_probs applies) or always from the rollout engine (False: one forward less per step; exact on-policy with the transformers rollout engine).")
     reuse_rollout_log_probs: bool = Field(True, description="Let the compiler serve the actor's logprob node from its rollout's log-probs where they are provably the same numbers (the rollout engine shares the train engine's module on one device, fp32: CPU runs, staleness 0; compiler pass 'reuse'): one actor forward less per step. False: always recompute.")
     norm_by_std: bool = Field(True, description="GRPO: divide group advantages by the group std (False: Dr.GRPO).")
@@ -127,7 +142,7 @@ class PPOConfig(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold (1: off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling (0: off).")
     # -- rollout engine ---------------------------------------------------------
-    rollout_engine: Literal["hf", "vllm"] = Field("hf", description="The policy's rollout engine: hf (transformers, KV-cached sampling; samples from the train module itself on one device) or vllm (vLLM with the trained weights pushed in after each update; needs `make vllm-env`, see docs/rollout_engines.md). Recorded in the plan's role placement.")
+    rollout_engine: RolloutEngineName = Field(DEFAULT_ROLLOUT_ENGINE, description="The policy's rollout engine: hf (transformers, KV-cached sampling; samples from the train module itself on one device) or vllm (vLLM with the trained weights pushed in after each update; needs `make vllm-env`, see docs/rollout_engines.md). Recorded in the plan's role placement.")
     rollout_engine_options: dict[str, Any] = Field(default_factory=dict, description="Options of the rollout engine, checked against its options model: hf: micro_batch_size; vllm: dtype, max_model_len, tensor_parallel_size, gpu_memory_utilization, kv_cache_gib (CPU), max_num_seqs, enforce_eager, sleep_mode (CUDA), weight_transfer (direct | shm).")
     # -- placement and execution ----------------------------------------------
     device_map: dict[str, str] = Field(default_factory=dict, description="Role -> device ('cpu', 'cuda:N'); roles not named go to cuda:0 when a GPU is present, else cpu. Alias 'rm' = reward.")
@@ -180,6 +195,16 @@ class PPOConfig(BaseModel):
     @classmethod
     def _schedule_name(cls, value):
         return _schedule_from_name(value)
+
+    @field_validator(*OPS_TABLE_FIELDS, mode="before")
+    @classmethod
+    def _an_ops_table_entry(cls, value, info: ValidationInfo):
+        choices = ops_table_choices(info.field_name)
+        if not isinstance(value, str) or value not in choices:
+            listed = [repr(c) for c in choices]
+            expected = " or ".join([", ".join(listed[:-1]), listed[-1]] if len(listed) > 1 else listed)
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
 
     @field_validator("device_map")
     @classmethod

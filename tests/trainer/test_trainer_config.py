@@ -5,7 +5,7 @@ import pytest
 
 from hybridflow import PPOConfig
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.config import config_hash
+from hybridflow.trainer.config import config_hash, ops_table_choices
 from hybridflow.trainer.config_files import apply_override, load_run_config
 
 
@@ -145,13 +145,23 @@ def test_trainer_steps_the_actor_lr_along_its_schedule(fast_config):
 
 
 def test_config_accepts_every_kl_estimator_and_aggregation_mode_the_ops_have():
-    import typing
-
     from hybridflow_ops.kl import KL_TYPES
     from hybridflow_ops.losses.aggregate import LOSS_AGG_MODES
 
-    fields = PPOConfig.model_fields
-    assert set(typing.get_args(fields["kl_type"].annotation)) == set(KL_TYPES)
-    assert set(typing.get_args(fields["loss_agg_mode"].annotation)) == set(LOSS_AGG_MODES)
+    for field, table in (("kl_type", KL_TYPES), ("loss_agg_mode", LOSS_AGG_MODES)):
+        assert ops_table_choices(field) == tuple(table)  # the ops' table is the one list of choices
+        for name in table:
+            assert getattr(PPOConfig(**{field: name}), field) == name
     config = PPOConfig(kl_type="k3+", loss_agg_mode="token-sum")
     assert (config.kl_type, config.loss_agg_mode) == ("k3+", "token-sum")
+
+
+@pytest.mark.parametrize("field, bad", [("kl_type", "k4"), ("kl_type", 3), ("loss_agg_mode", "mean")])
+def test_a_name_missing_from_the_ops_table_is_a_config_error_listing_the_table(field, bad):
+    expected = " or ".join([", ".join(repr(c) for c in ops_table_choices(field)[:-1]),
+                            repr(ops_table_choices(field)[-1])])
+    with pytest.raises(ConfigError) as err:
+        PPOConfig(**{field: bad})
+    assert f"{field}: Input should be {expected} (got {bad!r})" in str(err.value)
+    with pytest.raises(ConfigError, match=f"PPOConfig.{field}"):
+        setattr(PPOConfig(), field, bad)
