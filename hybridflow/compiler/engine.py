@@ -52,9 +52,9 @@ from ..errors import ConfigError
 
 __all__ = ["TrainEngine", "TRAIN_ENGINES", "DEFAULT_ENGINE", "shards_weights_over_dp", "check_engines"]
 
-TrainEngine = Literal["fsdp", "megatron"]
 TRAIN_ENGINES: tuple[str, ...] = ("fsdp", "megatron")
 """Every engine the cost model knows, in order of preference on ties (fsdp: what the runtime runs)."""
+TrainEngine = Literal[TRAIN_ENGINES]
 DEFAULT_ENGINE = "fsdp"
 
 _SHARDS_OVER_DP = {"fsdp": True, "megatron": False}

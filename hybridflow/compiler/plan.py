@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import PlanError
+from .engine import DEFAULT_ENGINE, TrainEngine
 
 __all__ = ["PLAN_VERSION", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "read_plan", "verify_plan"]
 
@@ -69,7 +70,7 @@ class RolePlacement(_Frozen):
     role: str = Field(description="Role name from the graph.")
     pool: str = Field(description="Name of the pool the role runs on.")
     layout: LayoutPlan = Field(default_factory=LayoutPlan, description="Layout for training and inference.")
-    train_engine: Literal["fsdp", "megatron"] = Field("fsdp", description="Training engine holding the role's states: fsdp (ZeRO-3, what hybridflow's runtime runs) or megatron (Megatron-core, distributed optimizer; cost studies only, refused by bind). See hybridflow.compiler.engine.")
+    train_engine: TrainEngine = Field(DEFAULT_ENGINE, description="Training engine holding the role's states: fsdp (ZeRO-3, what hybridflow's runtime runs) or megatron (Megatron-core, distributed optimizer; cost studies only, refused by bind). See hybridflow.compiler.engine.")
     generation_layout: LayoutPlan | None = Field(None, description="Layout of the rollout engine (policies that generate); None = same as layout.")
     generation_pool: str | None = Field(None, description="Pool of the rollout engine when it is not the role's own pool (weights are broadcast to it); None = the role's pool (hybrid engine).")
     memory_bytes: int | None = Field(None, description="Predicted peak memory of this role per device (bytes).")
