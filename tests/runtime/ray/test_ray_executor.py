@@ -7,7 +7,7 @@ rollout's log-probs must equal the train engine's after every sync.
 
 A named placement whose compiled plan equals one that already passed in this session (all but the ``strategy``
 label, which the executor does not read: PPO's ``auto`` is the search's pick, ``split``'s pools; GRPO's ``split``
-and ``standalone`` give the same two pools) is not run again: its test asserts that its plan is that plan. Each
+and ``standalone`` give the same two pools) is not run again: its test finds its plan among those and stops. Each
 distinct plan still runs its three steps once, with every check below (a Ray run is ~15 s of this 2-core
 machine, most of it the workers' start).
 """
