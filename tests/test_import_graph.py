@@ -139,3 +139,11 @@ def test_no_import_cycle_between_packages():
     where = {tuple(c): [f"{a} -> {b} at {', '.join(edges[(a, b)][:3])}" for (a, b) in edges if a in c and b in c]
              for c in found}
     assert not found, f"import cycles between packages: {where}"
+
+
+def test_every_source_folder_is_a_package_the_wheel_includes():
+    """pyproject's ``packages.find`` takes only folders with an ``__init__.py``: a folder of modules without one
+    works from a checkout (editable install) and is missing from a built wheel."""
+    folders = {f.parent for top in TOPS for f in (ROOT / top).rglob("*.py") if "__pycache__" not in f.parts}
+    missing = sorted(str(d.relative_to(ROOT)) for d in folders if not (d / "__init__.py").is_file())
+    assert not missing, f"folders without __init__.py (left out of the wheel): {missing}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..capabilities import DEFAULT_ROLLOUT_ENGINE
 from ..errors import ConfigError
 
 __all__ = ["RolloutEngineCost", "ROLLOUT_ENGINE_COSTS", "rollout_engine_cost"]
