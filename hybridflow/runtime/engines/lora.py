@@ -38,7 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hybridflow.errors import ConfigError
 
 __all__ = ["LoraSettings", "ALL_LINEAR", "require_peft", "apply_lora", "is_lora", "adapter_names", "adapter_state",
-           "synced_weights", "adapters_disabled", "base_state", "adapter_config", "peft_adapter_files",
+           "synced_weights", "adapters_disabled", "base_state", "adapter_config", "settings_adapter_config",
+           "peft_adapter_files",
            "lora_settings_from_file", "load_adapter_state",
            "merged_model", "ADAPTER_CONFIG"]
 
@@ -176,6 +177,15 @@ def _peft_key(name: str) -> str:
 def adapter_config(module: torch.nn.Module, *, base_model: str | None = None) -> dict:
     """The peft ``adapter_config.json`` content of ``module``'s adapters (target modules as the resolved names)."""
     config = module.peft_config[_ADAPTER].to_dict()
+    targets = config["target_modules"]
+    config["target_modules"] = sorted(targets) if isinstance(targets, (set, list, tuple)) else targets
+    config.update(base_model_name_or_path=base_model, inference_mode=True)
+    return json.loads(json.dumps(config, default=str))
+
+
+def settings_adapter_config(settings: LoraSettings, *, base_model: str | None = None) -> dict:
+    """A peft ``adapter_config.json`` content for adapters of ``settings`` (targets as configured, e.g. 'all-linear')."""
+    config = _peft_config(settings).to_dict()
     targets = config["target_modules"]
     config["target_modules"] = sorted(targets) if isinstance(targets, (set, list, tuple)) else targets
     config.update(base_model_name_or_path=base_model, inference_mode=True)
