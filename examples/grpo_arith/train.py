@@ -26,7 +26,7 @@ tried (seeds 0-29).
 ``--response-length`` sets the token budget (DAPO's overlong shaping penalises the last
 token of it, so a DAPO run needs one token more than the longest answer: 4).
 ``--lora-rank R`` trains LoRA adapters of rank R (alpha 2R) on every linear layer of the blocks
-instead of every weight, at a higher LR (1e-2 unless ``--lr``); the reference of the KL loss
+instead of every weight, at a higher LR (4e-3 unless ``--lr``); the reference of the KL loss
 is then the same module with its adapters disabled.
 ``--rollout-engine vllm`` samples with vLLM (``.venv-vllm/bin/python``); vLLM's CPU attention needs
 head_dim >= 32, so it goes with ``--heads 2`` (hidden 64 in 2 heads of 32, 1 KV head: the same
@@ -78,10 +78,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="train LoRA adapters of this rank on every linear layer instead of all weights (needs peft)")
     parser.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale alpha (default: 2 x rank)")
-    parser.add_argument("--lr", type=float, default=None, help="peak actor learning rate (default: 2e-3; with LoRA 1e-2)")
+    parser.add_argument("--lr", type=float, default=None, help="peak actor learning rate (default: 2e-3; with LoRA 4e-3)")
     args = parser.parse_args(argv)
     lora = dict(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha or 2.0 * args.lora_rank) if args.lora_rank else {}
-    lr = args.lr or (1e-2 if args.lora_rank else 2e-3)
+    lr = args.lr or (4e-3 if args.lora_rank else 2e-3)
     start = time.perf_counter()
     out = Path(args.out)
     torch.set_num_threads(args.threads)

@@ -124,9 +124,11 @@ def adapter_names(module: torch.nn.Module) -> frozenset[str]:
 
 
 def adapter_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter tensors of ``module`` by state-dict name, detached (no copy)."""
-    names = adapter_names(module)
-    return {name: t for name, t in module.state_dict(keep_vars=False).items() if name in names}
+    """The adapter tensors of ``module`` by state-dict name, detached (no copy; read from the parameters, not
+    ``state_dict``, which walks every module of the model)."""
+    if not is_lora(module):
+        return {}
+    return {name: p.detach() for name, p in module.named_parameters() if ".lora_" in name}
 
 
 def synced_weights(module: torch.nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

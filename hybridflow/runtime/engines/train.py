@@ -38,7 +38,7 @@ from hybridflow.errors import BatchError, OpError
 
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
-from .lora import adapter_state, apply_lora, is_lora, load_adapter_state, synced_weights
+from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
 from .sequence import trim_response_width
 from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
 
@@ -352,4 +352,7 @@ class TrainEngine:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` of every parameter and buffer (a LoRA module: of its adapters), detached, for weight
         sync to a rollout engine."""
-        yield from synced_weights(self.module, self.module.state_dict(keep_vars=False).items())
+        if is_lora(self.module):
+            yield from adapter_state(self.module).items()
+        else:
+            yield from self.module.state_dict(keep_vars=False).items()

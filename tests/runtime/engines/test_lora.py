@@ -120,3 +120,12 @@ def test_unknown_target_modules_are_a_config_error(model):
         _lora_engine(model, settings=LoraSettings(rank=4, target_modules=("qproj",)))
     with pytest.raises(ValueError, match="all-linear"):
         LoraSettings(rank=4, target_modules=())
+
+
+def test_without_peft_lora_is_a_config_error_naming_the_extra(model, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError, as where it is not installed
+    with pytest.raises(ConfigError, match=r"pip install hybridflow\[lora\]"):
+        _lora_engine(model)
+    TrainEngine(model, TrainEngineConfig())  # a full fine-tune never imports peft
