@@ -74,6 +74,9 @@ def parse_target_modules(value) -> tuple[str, ...] | str:
         if value.strip() == ALL_LINEAR:
             return ALL_LINEAR
         value = [part for part in value.split(",")]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"lora_target_modules: give 'all-linear' or a list of module names such as [q_proj, v_proj]; "
+                         f"got {value!r}")
     names = tuple(str(part).strip() for part in value)
     if not names or any(not _NAME.match(name) for name in names):
         raise ValueError(f"lora_target_modules: give 'all-linear' or module names such as [q_proj, v_proj]; got {value!r}")
