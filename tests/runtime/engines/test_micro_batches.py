@@ -59,3 +59,32 @@ def test_a_token_budget_step_equals_a_fixed_micro_batch_step(tokenizer, packed):
     assert max((results["fixed"][2][k] - start[k]).abs().max() for k in start) > 1e-2
     for key, weight in results["fixed"][2].items():
         assert (weight - results["budget"][2][key]).abs().max() <= 1e-5, key
+
+
+class _BusierPeers(TrainEngine):
+    """A rank whose data-parallel peers run ``extra`` more micro-batches (what FSDPTrainEngine's all-reduce reports)."""
+
+    extra = 6
+
+    def _agree_micro_batch_count(self, count: int) -> int:
+        return count + self.extra
+
+
+def test_a_rank_with_fewer_micro_batches_splits_them_and_runs_stand_ins_without_changing_the_step(tokenizer):
+    # 5 rows in 3 budget groups must become 9 micro-batches: split into 5 single rows, then 4 zero-mask stand-ins
+    model = tiny_model(tokenizer)
+    batch = _batch(tokenizer)
+    results = {}
+    for cls in (TrainEngine, _BusierPeers):
+        config = TrainEngineConfig(lr=1.0, eps=1.0, weight_decay=0.0, max_grad_norm=None, precision="fp32",
+                                   max_tokens_per_micro_batch=15, pack_sequences=True)
+        engine = cls(copy.deepcopy(model), config)
+        micro, groups = engine._micro_batches(batch)
+        assert len(micro) == 3 + (cls.extra if cls is _BusierPeers else 0)
+        results[cls] = engine.compute_log_probs(batch), engine.update(batch, TERMS), engine.module.state_dict()
+    (lp, metrics, weights), (lp2, metrics2, weights2) = results[TrainEngine], results[_BusierPeers]
+    assert (lp - lp2)[batch["response_mask"].bool()].abs().max() <= 1e-6
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):
+        assert metrics2[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-6), key
+    for key, weight in weights.items():
+        assert (weight - weights2[key]).abs().max() <= 1e-5, key
