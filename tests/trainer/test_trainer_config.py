@@ -180,3 +180,10 @@ def test_packing_and_token_budget_reach_the_actor_critic_and_reference(fast_conf
     for role, config in configs.items():
         assert config.pack_sequences and config.max_tokens_per_micro_batch == 12, role
     assert configs["actor"].micro_batch_size == 2 and configs["ref"].micro_batch_size is None  # as before
+    # the cost model prices the train engines' forwards at the real length: mean prompt tokens + the response limit
+    from hybridflow.trainer.planning import cost_options, real_seq_len
+
+    prompts = [len(trainer.tokenizer(row["prompt"])["input_ids"]) for row in trainer.train_rows[:8]]
+    options = cost_options(trainer)
+    assert options.real_seq_len == pytest.approx(sum(prompts) / 8 + 3) and options.shared_prompt_min_saved is None
+    assert real_seq_len(Trainer(fast_config(), algorithm="ppo")) is None  # padded: the padded width
