@@ -16,7 +16,9 @@ sequences apart: transformers (verified for 5.25, ``sdpa`` and ``eager``, Qwen2 
 Llama; ``tests/runtime/engines/test_packing.py`` checks it) reads sequence boundaries
 from position ids that reset when no 2-D attention mask and no cache are given, and
 builds the block-diagonal causal mask from them; with ``flash_attention_2`` the
-boundaries go in as ``cu_seq_lens`` (the varlen kernel, no mask at all). A row whose
+boundaries go in as ``cu_seq_lens`` (the varlen kernel, no mask at all): a packed
+forward switches to it on CUDA under bf16 autocast where ``flash_attn`` is installed
+(:func:`flash_attention_usable`), for that forward only. A row whose
 response has no valid position contributes no token (its outputs are padding).
 
 The state before response token ``t`` of row ``i`` is packed position
@@ -26,7 +28,8 @@ indices so results go back to the ``(b, R)`` layout with zeros at padding.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import contextlib
+from typing import Any, Iterator, NamedTuple
 
 import torch
 
@@ -35,7 +38,7 @@ from hybridflow.errors import OpError
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["PackedRows", "pack_rows", "packed_forward_kwargs", "packed_hidden", "packed_logits", "unpack",
-           "attention_implementation", "use_flash_attention_for_packing", "FLASH_IMPLEMENTATIONS"]
+           "attention_implementation", "flash_attention_usable", "FLASH_IMPLEMENTATIONS"]
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3")
 """Attention implementations that take the sequence boundaries as ``cu_seq_lens`` (varlen kernels)."""
@@ -111,15 +114,49 @@ def packed_hidden(backbone: torch.nn.Module, packed: PackedRows) -> torch.Tensor
 
     ``backbone``: a transformers base model (``Qwen2Model``, ``LlamaModel``, ...).
     """
-    out = backbone(**packed_forward_kwargs(_never_empty(packed), attention_implementation(backbone)))
+    out = _run_packed(backbone, packed)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden[0].index_select(0, packed.state_index)
 
 
 def packed_logits(model: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
     """The causal LM's logits at the states before each valid response token: ``(M, V)``."""
-    out = model(**packed_forward_kwargs(_never_empty(packed), attention_implementation(model)))
-    return out.logits[0].index_select(0, packed.state_index)
+    return _run_packed(model, packed).logits[0].index_select(0, packed.state_index)
+
+
+def _run_packed(model: torch.nn.Module, packed: PackedRows):
+    """``model``'s forward over ``packed``, with flash-attention varlen where :func:`flash_attention_usable`."""
+    with _flash_attention_if_usable(model, packed.input_ids.device) as implementation:
+        return model(**packed_forward_kwargs(_never_empty(packed), implementation))
+
+
+def flash_attention_usable(device: torch.device) -> bool:
+    """Whether a packed forward on ``device`` runs flash-attention: CUDA under half-precision autocast (the
+    kernels take bf16/fp16 only; the train engine's bf16 precision) with the ``flash_attn`` package installed."""
+    import importlib.util
+
+    return (device.type == "cuda" and torch.is_autocast_enabled(device.type)
+            and torch.get_autocast_dtype(device.type) in (torch.bfloat16, torch.float16)
+            and importlib.util.find_spec("flash_attn") is not None)
+
+
+@contextlib.contextmanager
+def _flash_attention_if_usable(model: torch.nn.Module, device: torch.device) -> Iterator[str | None]:
+    """Run ``flash_attention_2`` inside the block where usable, and give the implementation that runs.
+
+    Set on the model's config for the block only: a rollout engine sharing the module (which may decode in
+    float32) keeps its own implementation.
+    """
+    config = getattr(model, "config", None)
+    current = attention_implementation(model)
+    if config is None or current in FLASH_IMPLEMENTATIONS or not flash_attention_usable(device):
+        yield current
+        return
+    config._attn_implementation = "flash_attention_2"
+    try:
+        yield "flash_attention_2"
+    finally:
+        config._attn_implementation = current
 
 
 def attention_implementation(model: torch.nn.Module) -> str | None:
@@ -141,20 +178,3 @@ def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
     out = values.new_zeros(packed.shape + tuple(values.shape[1:]))
     return out.index_put((packed.rows, packed.cols), values)
 
-
-def use_flash_attention_for_packing(module: torch.nn.Module) -> bool:
-    """Switch ``module`` (a transformers model, or a value model's ``backbone``) to ``flash_attention_2``
-    where the ``flash_attn`` package is installed; True when it runs a flash implementation afterwards.
-
-    For CUDA devices computing in bf16 (the kernels take half precision only); elsewhere packing runs
-    with the model's own implementation (``sdpa``) and the block-diagonal mask.
-    """
-    import importlib.util
-
-    model = getattr(module, "backbone", module)
-    if attention_implementation(model) in FLASH_IMPLEMENTATIONS:
-        return True
-    if importlib.util.find_spec("flash_attn") is None or not hasattr(model, "set_attn_implementation"):
-        return False
-    model.set_attn_implementation("flash_attention_2")
-    return True

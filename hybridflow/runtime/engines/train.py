@@ -39,7 +39,6 @@ from hybridflow.errors import BatchError, OpError
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows
-from .packing import use_flash_attention_for_packing
 from .sequence import trim_response_width
 from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
 from ..token_partition import split_groups
@@ -73,8 +72,6 @@ class TrainEngine:
         self.scheduler = TrainingStepSchedule(self.optimizer, self.config)
         self._shuffle = torch.Generator().manual_seed(self.config.seed)
         self.is_value_model = hasattr(self.module, "response_values")
-        if self.config.pack_sequences and self.device.type == "cuda" and self.use_bf16:
-            use_flash_attention_for_packing(self.module)
 
     # ------------------------------------------------------------------ inference
 

@@ -16,7 +16,7 @@ from engine_testkit import tiny_model
 from hybridflow.errors import OpError
 from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig, ValueModel
 from hybridflow.runtime.engines.lm_logprobs import response_log_probs
-from hybridflow.runtime.engines.packing import pack_rows, packed_forward_kwargs
+from hybridflow.runtime.engines.packing import flash_attention_usable, pack_rows, packed_forward_kwargs
 
 PROMPT_LENS = (3, 6, 1, 4, 5)
 RESPONSE_LENS = (4, 1, 7, 0, 3)
@@ -66,6 +66,8 @@ def test_pack_rows_worked_example():
     flash = packed_forward_kwargs(packed, "flash_attention_2")
     assert flash["cu_seq_lens_q"].tolist() == [0, 4, 5] and flash["max_length_q"] == 4
     assert "cu_seq_lens_q" not in packed_forward_kwargs(packed, "sdpa")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not flash_attention_usable(torch.device("cpu"))  # CPU: sdpa with the block-diagonal mask
 
 
 def test_a_response_without_a_prompt_token_is_refused():
