@@ -28,8 +28,7 @@ import time
 
 import torch
 
-SIZES = {"tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2), "10m": dict(hidden=256, layers=8, heads=8, kv_heads=4)}
-"""Model shapes: the trainer's tiny model (~130k parameters) and one of ~6-10M parameters."""
+from hybridflow.data.tiny import BENCH_MODELS as SIZES  # noqa: E402  (the standard bench models: tiny, 10m, 100m)
 
 
 def setup(args):

@@ -400,8 +400,9 @@ def main(argv=None) -> dict | None:
     p.add_argument("--group", type=int, default=16, help="responses per prompt")
     p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
-    p.add_argument("--size", choices=("tiny", "10m"), default="tiny",
-                   help="the model: the built-in task's tiny one (~130k parameters) or one of ~7.9M (hidden 256, 8 layers)")
+    p.add_argument("--size", choices=("tiny", "10m", "100m"), default="tiny",
+                   help="a standard bench model (hybridflow.data.tiny.BENCH_MODELS): the built-in task's tiny one "
+                        "(~130k parameters), 10m (~7.9M) or 100m (~104M)")
     p.add_argument("--new-tokens", type=int, default=3, help="response length limit (the issue's settings: 8 on tiny, 64 on 10m)")
     p.add_argument("--extra-side", action="append", default=[], metavar="NAME=JSON",
                    help="another hybridflow side with these runner variant switches, e.g. "

@@ -57,6 +57,9 @@ bf16 FLOP/s; every rate is scaled by the cluster's efficiency factors):
   prompt positions: a micro-batch of ``m`` rows then costs
   ``ceil(m/samples)·prompt_len + m·(seq_len − prompt_len)`` tokens and two
   backbone calls (twice the per-micro-batch overhead) instead of ``m·seq_len``.
+- with ``CostOptions.real_seq_len`` (sequence packing or token-budget micro-batches)
+  the train engine's forwards and updates cost that many tokens per sequence instead
+  of the padded ``seq_len`` (whichever is smaller); scores stay padded.
 - memory: :mod:`hybridflow.compiler.memory`; collectives: :mod:`hybridflow.compiler.comm`;
   data-parallel communication per training engine: :mod:`hybridflow.compiler.dp_comm`.
 """
@@ -103,6 +106,7 @@ class CostOptions(BaseModel):
     shared_prompt_min_saved: int | None = Field(default=None, ge=1, description="The train engine's forwards (log-probs, values, update) run each distinct prompt of a micro-batch once for its rows where that saves at least this many prompt positions in a model of width 256, this x 256 / hidden in others (hybridflow's engines do: runtime.engines.shared_prompt.MIN_SAVED_POSITIONS, min_saved_positions); None: every row's prompt is run.")
     reuse_rollout_log_probs: bool = Field(default=False, description="A policy's logprob node is served from its rollout's log-probs where the rollout engine shares the train engine's module and precision (compiler pass 'reuse'); on only when both compute in fp32, which the compiler cannot see (the trainer turns it on for CPU runs).")
     rollout_engine: str = Field(default=DEFAULT_ROLLOUT_ENGINE, description="The rollout engine of the generating role (hf, vllm): generation time is scaled by its factor (hybridflow.compiler.rollout_engines) and the plan records it.")
+    real_seq_len: float | None = Field(default=None, gt=0, description="Mean real tokens per sequence (prompt + response, no padding) in the train engine's forwards (log-probs, values, update) when it packs sequences or forms micro-batches by a token budget: their compute, communication and activations are priced at this length, never above the padded prompt_len + response_len. Reward-model scores keep the padded width. None: the padded width.")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 
@@ -317,21 +321,30 @@ def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, hidd
     return (distinct * prompt_len + micro * (seq_len - prompt_len)) / (micro * seq_len), 2
 
 
+def priced_seq_len(w: Infer | Update, o: CostOptions) -> float:
+    """Tokens per sequence a forward of ``w`` runs: ``o.real_seq_len`` capped at the padded ``w.seq_len`` (packing
+    or token budgets), the padded width without it and for reward-model scores."""
+    if o.real_seq_len is None or w.kind == "score":
+        return w.seq_len
+    return min(o.real_seq_len, w.seq_len)
+
+
 def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     """Forward passes: max(2·N·tokens/(t·p·peak·mfu_infer), ZeRO-3 gathers) + bubble + TP/PP comm + micro-batches x forward_overhead_s."""
     m, l = w.model, w.layout
     seqs = math.ceil(w.sequences / l.dp)
     micro = min(o.infer_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
-    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, m.hidden, o)
-    compute = 2 * m.flop_params * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_infer)
+    seq_len = priced_seq_len(w, o)
+    share, calls = _shared_prompt(micro, seq_len, w.prompt_len, w.samples, m.hidden, o)
+    compute = 2 * m.flop_params * seqs * seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_infer)
     bubble = compute * (l.pp - 1) / micro_batches
-    tp, pp = _forward_parts(m, l, micro * w.seq_len * share, micro_batches, 2, 1, c)
+    tp, pp = _forward_parts(m, l, micro * seq_len * share, micro_batches, 2, 1, c)
     dp = micro_batches * zero3_time(m, l, calls, c) if w.trainable and shards_weights_over_dp(w.engine) else 0.0
     overhead = micro_batches * calls * c.forward_overhead_s
     once = max(compute, dp) + bubble + tp + pp + overhead
     peak = (mem.resident_bytes(m, l, w.trainable, w.engine) + mem.gathered_param_bytes(m, l, w.trainable, w.engine)
-            + mem.forward_activation_bytes(m, l, w.seq_len, micro))
+            + mem.forward_activation_bytes(m, l, seq_len, micro))
     return CostRecord(w.kind, w.passes * once, peak,
                       (("compute", w.passes * compute), ("dp_comm", w.passes * dp), ("bubble", w.passes * bubble),
                        ("tp_comm", w.passes * tp), ("pp_comm", w.passes * pp), ("overhead", w.passes * overhead)))
@@ -355,11 +368,12 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     seqs = math.ceil(w.sequences / (w.mini_batches * l.dp))
     micro = min(o.train_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
-    share, calls = _shared_prompt(micro, w.seq_len, w.prompt_len, w.samples, m.hidden, o)
+    seq_len = priced_seq_len(w, o)
+    share, calls = _shared_prompt(micro, seq_len, w.prompt_len, w.samples, m.hidden, o)
     flops_per_token = _train_flops_per_token(m, o.activation_checkpointing)
-    compute = flops_per_token * seqs * w.seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_train)
+    compute = flops_per_token * seqs * seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_train)
     bubble = compute * (l.pp - 1) / micro_batches
-    tp, pp = _forward_parts(m, l, micro * w.seq_len * share, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
+    tp, pp = _forward_parts(m, l, micro * seq_len * share, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
     rule = DP_RULES.get(w.engine)
     if rule is None:
         raise PlanError(f"update of {m.name}: unknown training engine {w.engine!r}; known: {', '.join(DP_RULES)}")
@@ -369,7 +383,7 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     overhead = micro_batches * calls * c.train_micro_batch_overhead_s + c.optimizer_step_overhead_s
     step = max(compute, overlapped) + exposed + bubble + tp + pp + adam + overhead
     peak = (mem.resident_bytes(m, l, True, w.engine) + mem.gathered_param_bytes(m, l, True, w.engine)
-            + mem.train_activation_bytes(m, l, w.seq_len, micro, micro_batches, o.activation_checkpointing))
+            + mem.train_activation_bytes(m, l, seq_len, micro, micro_batches, o.activation_checkpointing))
     return CostRecord("update", steps * step, peak,
                       (("compute", steps * compute), ("dp_comm", steps * dp), ("bubble", steps * bubble),
                        ("tp_comm", steps * tp), ("pp_comm", steps * pp), ("optimizer", steps * adam),

@@ -13,7 +13,8 @@ _EXPORTS = {
                  "write_prompt_dataset", "train_val_split"),
     "pretrained": ("load_tokenizer", "load_causal_lm", "hub_offline"),
     "prompts": ("tokenize_prompts", "make_prompt_batch", "prompt_text"),
-    "tiny": ("make_tiny_tokenizer", "make_tiny_model", "save_tiny", "create_tiny_model_dir"),
+    "tiny": ("make_tiny_tokenizer", "make_tiny_model", "save_tiny", "create_tiny_model_dir",
+             "BENCH_MODELS", "bench_model_shape"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -31,6 +31,8 @@ __all__ = [
     "make_tiny_model",
     "save_tiny",
     "create_tiny_model_dir",
+    "BENCH_MODELS",
+    "bench_model_shape",
 ]
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -45,6 +47,25 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<assistant>' }}{% endif %}"
 )
+
+
+BENCH_MODELS: Mapping[str, Mapping[str, int]] = {
+    # the built-in task's model (``hybridflow quickstart``, the learning tests): ~0.1M parameters
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2),
+    # ~7.9M parameters: the rollout and TRL benches' mid size
+    "10m": dict(hidden=256, layers=8, heads=8, kv_heads=4, intermediate=1024),
+    # ~104M parameters, GPT-2-small's width and depth with grouped-query attention (12 query, 4 KV heads)
+    "100m": dict(hidden=768, layers=12, heads=12, kv_heads=4, intermediate=3072, max_positions=2048),
+}
+"""The standard bench models, by name: keyword arguments of :func:`make_tiny_model` (a character-level
+vocabulary adds only ~25 x hidden x 2 embedding parameters). Benches and tools take ``--size`` from here."""
+
+
+def bench_model_shape(size: str) -> dict[str, int]:
+    """The :func:`make_tiny_model` keyword arguments of the bench model ``size`` (a key of :data:`BENCH_MODELS`)."""
+    if size not in BENCH_MODELS:
+        raise ConfigError(f"unknown bench model size {size!r}; choose one of {sorted(BENCH_MODELS)}")
+    return dict(BENCH_MODELS[size])
 
 
 def _alphabet_for(task: str, alphabet: str | None) -> str:

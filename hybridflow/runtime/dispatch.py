@@ -9,6 +9,11 @@ worker method (tables keyed by method: a new method adds a row, not a branch):
   micro-batches (FSDP's collectives need that). For ``update`` the padding
   rows get an all-zero ``response_mask``: they add nothing to the loss, to the
   global token and sequence counts, or to the gradient.
+* with ``balance_tokens`` (a role whose engine packs sequences or budgets tokens,
+  :func:`balances_tokens`), the rows of ``logprob`` / ``values`` / ``update`` are
+  dealt instead so that the ranks' real-token totals are balanced
+  (:func:`~.token_partition.balanced_partition`: equal row counts, totals within
+  the longest row's length); the split keeps each rank's row indices.
 * :data:`MERGERS` put the ranks' results back in batch order and drop the
   padding: rows for ``logprob`` / ``values`` / ``score``; for ``generate``, the
   ``n`` responses of each padding prompt, with each rank's ``group_index``
@@ -27,26 +32,52 @@ import torch
 
 from ..batch import Batch
 from .engines import RewardOutput
+from .engines.sequence import row_token_counts
+from .token_partition import balanced_partition
 
-__all__ = ["Split", "split_for_ranks", "MERGERS", "merge_results", "merge_update_metrics"]
+__all__ = ["Split", "split_for_ranks", "balances_tokens", "BALANCED_METHODS", "MERGERS", "merge_results",
+           "merge_update_metrics"]
+
+BALANCED_METHODS = ("logprob", "values", "update")
+"""Worker methods whose rows may be dealt to ranks by token balance (their results are per row, or metrics)."""
 
 
 class Split:
-    """A batch cut for ``ranks`` ranks: ``parts[r]`` for rank r, ``pad`` rows of padding at the end."""
+    """A batch cut for ``ranks`` ranks: ``parts[r]`` for rank r, ``pad`` rows of padding at the end.
 
-    def __init__(self, parts: list[Batch], pad: int, sizes: list[int], had_groups: bool):
-        self.parts, self.pad, self.sizes, self.had_groups = parts, pad, sizes, had_groups
+    ``rows[r]``: the padded batch's row indices of rank r when they were dealt by token balance; None
+    for consecutive slices.
+    """
+
+    def __init__(self, parts: list[Batch], pad: int, sizes: list[int], had_groups: bool,
+                 rows: list[list[int]] | None = None):
+        self.parts, self.pad, self.sizes, self.had_groups, self.rows = parts, pad, sizes, had_groups, rows
 
 
-def split_for_ranks(method: str, batch: Batch, ranks: int) -> Split:
-    """Equal slices of ``batch`` (padded to a multiple of ``ranks``); see the module docstring."""
+def balances_tokens(spec: Any) -> bool:
+    """Whether a role's batches are dealt by token balance: its train engine (``RoleSpec.train``) packs
+    sequences or forms micro-batches by a token budget, so a rank's work follows its real tokens."""
+    train = getattr(spec, "train", None)
+    return bool(train is not None and (train.pack_sequences or train.max_tokens_per_micro_batch is not None))
+
+
+def split_for_ranks(method: str, batch: Batch, ranks: int, *, balance_tokens: bool = False) -> Split:
+    """Equal slices of ``batch`` (padded to a multiple of ``ranks``), or token-balanced equal-sized shares
+    with ``balance_tokens``; see the module docstring."""
     padded, pad = batch.pad_to_divisor(ranks)
     if pad and method == "update" and "response_mask" in padded:
         mask = padded["response_mask"].clone()
         mask[len(batch):] = 0
         padded = padded.with_fields(response_mask=mask)
+    had_groups = "group_index" in batch
+    if (balance_tokens and ranks > 1 and method in BALANCED_METHODS
+            and {"prompt_mask", "response_mask"} <= set(padded.keys())):
+        lengths = row_token_counts(padded["prompt_mask"], padded["response_mask"]).tolist()
+        shares = balanced_partition(lengths, ranks)
+        parts = [padded[share] for share in shares]
+        return Split(parts, pad, [len(p) for p in parts], had_groups, rows=shares)
     parts = padded.chunk(ranks)
-    return Split(parts, pad, [len(p) for p in parts], "group_index" in batch)
+    return Split(parts, pad, [len(p) for p in parts], had_groups)
 
 
 def _drop_tail(rows: int, pad: int) -> slice:
@@ -67,6 +98,11 @@ def _merge_generate(split: Split, results: Sequence[Batch]) -> Batch:
 
 def _merge_rows(split: Split, results: Sequence[torch.Tensor]) -> torch.Tensor:
     merged = torch.cat(list(results))
+    if split.rows is not None:  # dealt by token balance: back to the padded batch's order
+        order = torch.tensor([row for share in split.rows for row in share], dtype=torch.long)
+        restored = torch.empty_like(merged)
+        restored[order.to(merged.device)] = merged
+        merged = restored
     return merged[_drop_tail(len(merged), split.pad)]
 
 

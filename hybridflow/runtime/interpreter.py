@@ -43,7 +43,7 @@ from ..compiler.plan import ExecutionPlan, PlanOp
 from ..errors import ExecutionError, HybridflowError, PlanError
 from ..graph import CONTROLLER
 from ..batch import Batch
-from .dispatch import merge_results, split_for_ranks
+from .dispatch import balances_tokens, merge_results, split_for_ranks
 from .node_calls import node_call, node_output, reused_log_probs, run_compute
 from .resampling import Refill, ResampleRun
 from .node_metrics import graph_metrics
@@ -112,7 +112,8 @@ def _node(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
     node = ex.graph.node(op.node)
     call = node_call(node, state.env)
     slots = ex.topology.pool_slots(op.pool)
-    split = split_for_ranks(call.method, call.batch, len(slots))
+    balance = balances_tokens(ex.specs.get(call.role))
+    split = split_for_ranks(call.method, call.batch, len(slots), balance_tokens=balance)
     refs = [ex._send(slot, "run", call.method, call.role, part, call.args) for slot, part in zip(slots, split.parts)]
 
     def finish(results: Sequence[Any]) -> None:

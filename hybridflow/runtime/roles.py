@@ -9,9 +9,11 @@ its spec says where its model comes from and how its engines are set:
   ``hf``, ``vllm``) and its ``rollout_options``;
 * critic — ``model`` (a causal-LM or base-model path/hub name, or a module whose
   backbone is copied) and ``train``;
-* reference — ``model``; or ``base_of``: the LoRA policy whose base model it is, whose module it
-  then computes with, adapters disabled, where that policy trains in the same process
-  (:class:`~.engines.base_view.BaseModelView`: no second copy of the base weights);
+* reference — ``model``, and optionally ``train`` (only its forward settings:
+  ``pack_sequences``, ``max_tokens_per_micro_batch``, ``micro_batch_size``); or ``base_of``: the
+  LoRA policy whose base model it is, whose module it then computes with, adapters disabled, where
+  that policy trains in the same process (:class:`~.engines.base_view.BaseModelView`: no second
+  copy of the base weights);
 * reward / cost — ``reward``: a ``compute_score`` function, any object with
   ``score(batch) -> RewardOutput`` (a reward model, a remote reward model), or
   ``model`` (a sequence-classification reward model path).
@@ -143,9 +145,13 @@ def _critic(role: str, spec: RoleSpec, device: str) -> RoleEngines:
 def _reference(role: str, spec: RoleSpec, device: str) -> RoleEngines:
     model = _causal_lm(spec.model, role, device)
     temperature = spec.sampling.temperature if spec.sampling is not None else 1.0
-    # An engine that is never updated: AdamW allocates no state before its first step.
-    engine = TrainEngine(model, TrainEngineConfig(lr=0.0, temperature=temperature, entropy_metric=False),
-                         metric_prefix=role, device=device)
+    # An engine that is never updated: AdamW allocates no state before its first step. Of ``spec.train`` it
+    # takes the forward's settings only (packing, token budget, micro-batch size).
+    forward = spec.train or TrainEngineConfig()
+    config = TrainEngineConfig(lr=0.0, temperature=temperature, entropy_metric=False, pack_sequences=forward.pack_sequences,
+                               max_tokens_per_micro_batch=forward.max_tokens_per_micro_batch,
+                               micro_batch_size=forward.micro_batch_size)
+    engine = TrainEngine(model, config, metric_prefix=role, device=device)
     return RoleEngines(kind="reference", train=engine)
 
 

@@ -102,6 +102,8 @@ class PPOConfig(BaseModel):
     n_samples: int = Field(1, ge=1, description="Responses per prompt (a group, for GRPO/RLOO); GRPO's default is 8 when left at 1.")
     batch_size: int | None = Field(None, ge=1, description="Responses per optimizer step (mini-batch); None: all responses of the step.")
     micro_batch_size: int | None = Field(None, ge=1, description="Responses per forward/backward (gradient accumulation); None: the mini-batch.")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description="Form the actor's, critic's and reference's micro-batches by real tokens (prompt plus response, not padded width) rather than micro_batch_size rows: each holds at most this many (a longer response alone). The update is unchanged (losses use the mini-batch's token counts); data-parallel ranks get token-balanced shares. None: micro_batch_size.")
+    pack_sequences: bool = Field(False, description="Run the actor's, critic's and reference's forward and backward on the micro-batch's rows packed into one row of real tokens (no padding; flash-attention varlen on CUDA where flash_attn is installed, else SDPA with a block-diagonal mask). The same log-probs, values and gradients as padded, up to float rounding.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's responses per update.")
     max_steps: int = Field(100, ge=1, description="Training steps (one rollout batch each).")
     max_time_s: float | None = Field(None, gt=0, description="Stop after the step during which this many seconds of training have passed (that step is validated and checkpointed like a last one; resume='auto' continues later). None: no limit.")

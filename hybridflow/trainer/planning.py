@@ -130,14 +130,32 @@ def _cuda_here() -> bool:
     return torch.cuda.is_available()
 
 
-def batch_shape(trainer: "Trainer") -> BatchShape:
-    """One step's batch as the compiler sees it (module docstring); ``prompts`` is the rollout batch (the graph's
-    ``n`` multiplies it into responses)."""
+def _first_prompts(trainer: "Trainer"):
+    """The first rollout batch's prompts, tokenized and left-padded as the run will feed them."""
     from ..data import make_prompt_batch
 
     cfg = trainer.config
-    prompts = make_prompt_batch(trainer.train_rows[:cfg.rollout_batch_size], trainer.tokenizer,
-                                max_prompt_length=cfg.max_prompt_length, apply_chat_template=cfg.apply_chat_template)
+    return make_prompt_batch(trainer.train_rows[:cfg.rollout_batch_size], trainer.tokenizer,
+                             max_prompt_length=cfg.max_prompt_length, apply_chat_template=cfg.apply_chat_template)
+
+
+def real_seq_len(trainer: "Trainer") -> float | None:
+    """Mean real tokens per sequence the train engines run when they pack sequences or budget tokens, else None.
+
+    The first rollout batch's mean prompt length (no padding) plus the response limit: response lengths are
+    unknown before generation, so they are priced at their largest.
+    """
+    cfg = trainer.config
+    if not (cfg.pack_sequences or cfg.max_tokens_per_micro_batch is not None):
+        return None
+    return float(_first_prompts(trainer)["prompt_mask"].sum(-1).float().mean()) + trainer.max_response_length
+
+
+def batch_shape(trainer: "Trainer") -> BatchShape:
+    """One step's batch as the compiler sees it (module docstring); ``prompts`` is the rollout batch (the graph's
+    ``n`` multiplies it into responses)."""
+    cfg = trainer.config
+    prompts = _first_prompts(trainer)
     return BatchShape(prompts=cfg.rollout_batch_size, prompt_len=int(prompts["prompt_ids"].shape[1]),
                       response_len=trainer.max_response_length, epochs=cfg.ppo_epochs,
                       mini_batches=math.ceil(_responses(trainer) / (cfg.batch_size or _responses(trainer))))
@@ -145,13 +163,18 @@ def batch_shape(trainer: "Trainer") -> BatchShape:
 
 def cost_options(trainer: "Trainer", machine: Machine | None = None) -> CostOptions:
     """The cost model's view of hybridflow's engines at this config's micro-batches; data parallelism only; on a
-    CPU ``machine`` (fp32 engines) logprob nodes may be served from the rollout (``reuse_rollout_log_probs``)."""
+    CPU ``machine`` (fp32 engines) logprob nodes may be served from the rollout (``reuse_rollout_log_probs``).
+    Packing or a token budget prices the train engines' forwards at the real sequence length (:func:`real_seq_len`);
+    packed forwards run every row's prompt (no shared prompts)."""
     cfg, responses = trainer.config, _responses(trainer)
     options = engine_cost_options(train_micro_batch=cfg.micro_batch_size or cfg.batch_size or responses,
                                   infer_micro_batch=cfg.micro_batch_size or responses)
     fp32 = machine is not None and machine.kind == "cpu"  # TrainEngineConfig.precision 'auto': bf16 autocast on CUDA
-    return options.model_copy(update={"data_parallel_only": True, "rollout_engine": cfg.rollout_engine,
-                                      "reuse_rollout_log_probs": fp32 and cfg.reuse_rollout_log_probs})
+    update = {"data_parallel_only": True, "rollout_engine": cfg.rollout_engine,
+              "reuse_rollout_log_probs": fp32 and cfg.reuse_rollout_log_probs, "real_seq_len": real_seq_len(trainer)}
+    if cfg.pack_sequences:
+        update["shared_prompt_min_saved"] = None
+    return options.model_copy(update=update)
 
 
 def run_cluster(trainer: "Trainer", machine: Machine) -> ClusterSpec:

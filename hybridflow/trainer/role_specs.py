@@ -39,6 +39,7 @@ def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
     sampling = SamplingParams(n=1, max_new_tokens=trainer.max_response_length, temperature=cfg.temperature,
                               top_p=cfg.top_p, top_k=cfg.top_k, seed=stream_seed(cfg.seed, "rollout"))
     common = dict(max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
+                  pack_sequences=cfg.pack_sequences, max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
                   num_threads=cfg.num_threads, seed=cfg.seed)
     specs: dict[str, RoleSpec] = {}
     for role in trainer.graph.roles:
@@ -53,7 +54,9 @@ def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
                                         train=TrainEngineConfig(lr=cfg.critic_lr, **common,
                                                                 **cfg.critic_lr_schedule.engine_settings(cfg.max_steps)))
         elif role.kind == "reference":
-            specs[role.name] = RoleSpec(model=cfg.ref_model_name or trainer.actor_path, sampling=sampling,
+            forward = TrainEngineConfig(pack_sequences=cfg.pack_sequences,
+                                        max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch)
+            specs[role.name] = RoleSpec(model=cfg.ref_model_name or trainer.actor_path, sampling=sampling, train=forward,
                                         base_of=_lora_base_of(trainer))
         elif role.kind == "cost":
             specs[role.name] = cost_spec(trainer, role.name)

@@ -56,11 +56,11 @@ def _make_builtin_model(path: Path, seed: int) -> None:
 
 
 def _build_builtin_model(folder: Path, seed: int) -> None:
-    from ..data import create_tiny_model_dir, load_causal_lm, load_tokenizer
+    from ..data import bench_model_shape, create_tiny_model_dir, load_causal_lm, load_tokenizer
     from ..data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
     from .warmup import supervised_warmup
 
-    create_tiny_model_dir(folder, task="arithmetic", seed=seed, hidden=64, layers=2, heads=4, kv_heads=2)
+    create_tiny_model_dir(folder, task="arithmetic", seed=seed, **bench_model_shape("tiny"))
     model = load_causal_lm(folder)
     supervised_warmup(model, load_tokenizer(folder), make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3,
                       seed=seed)

@@ -91,6 +91,26 @@ def test_update_rule_by_hand():
     assert r.peak_memory_bytes == 781_632 + 147_968 + 3_584 + 30_464 + 11_200
 
 
+def test_packed_forwards_and_updates_cost_the_real_sequence_length():
+    # real_seq_len 3.5 of the padded 7: the infer case above (dp2, one replica's 4 sequences) computes
+    # 2·80,448·4·3.5 / 5e11 = 4.505088e-6 s, half of 9.010176e-6 s; its activations halve too
+    packed = CostOptions(real_seq_len=3.5)
+    r = estimate(Infer(TOY_MODEL, Layout(2, 1, 1), trainable=False, sequences=8, seq_len=7), TOY, packed)
+    assert r.time_s == pytest.approx(4.505088e-6, rel=1e-12)
+    assert r.peak_memory_bytes == 173_696 + 60_928 / 2 + 22_400 / 2
+    # the update case above: compute 8·80,448·7 / 5e11 = 9.010176e-6 s, now under the ZeRO-3 gathers (2.60544e-5 s),
+    # so the step time stays; the activations halve: 1,792 + 15,232 + 5,600
+    u = estimate(Update(TOY_MODEL, Layout(2, 1, 1), sequences=8, seq_len=7, epochs=1, mini_batches=2), TOY,
+                 OPTS.model_copy(update={"real_seq_len": 3.5}))
+    assert dict(u.parts)["compute"] == pytest.approx(2 * 9.010176e-6, rel=1e-12)
+    assert u.peak_memory_bytes == 781_632 + 147_968 + 1_792 + 15_232 + 5_600
+    # a reward model scores padded rows; a real length above the padded width is capped at it
+    score = Score(TOY_MODEL, Layout(2, 1, 1), False, 8, 7)
+    assert estimate(score, TOY, packed).time_s == estimate(score, TOY).time_s
+    assert estimate(Infer(TOY_MODEL, Layout(2, 1, 1), False, 8, 7), TOY, CostOptions(real_seq_len=9.0)).time_s == \
+        pytest.approx(9.010176e-6, rel=1e-12)
+
+
 def test_pipeline_bubble_and_no_recomputation():
     no_ckpt = CostOptions(activation_checkpointing=False, train_micro_batch=1)
     r = estimate(Update(TOY_MODEL, Layout(1, 1, 2), sequences=8, seq_len=7, epochs=1, mini_batches=1), TOY, no_ckpt)

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybridflow.data import (
+    bench_model_shape,
     create_tiny_model_dir,
     load_causal_lm,
     load_tokenizer,
@@ -134,3 +135,20 @@ def test_bad_model_options_raise_config_errors():
         make_tiny_model("gpt9", vocab_size=10)
     with pytest.raises(ConfigError, match="divisible"):
         make_tiny_model("qwen2", vocab_size=10, hidden=30, heads=4)
+
+
+@pytest.mark.parametrize("size, low, high", [("tiny", 0.1e6, 0.2e6), ("10m", 7e6, 9e6), ("100m", 95e6, 110e6)])
+def test_bench_models_have_their_advertised_sizes(size, low, high):
+    # built on the meta device: the shape is what is checked, and no 400 MB of weights is made
+    with torch.device("meta"):
+        model = make_tiny_model("qwen2", vocab_size=len(make_tiny_tokenizer("arithmetic")), **bench_model_shape(size))
+    params = sum(p.numel() for p in model.parameters())
+    assert low <= params <= high, (size, params)
+    config = model.config
+    assert config.hidden_size % config.num_attention_heads == 0
+    assert config.num_attention_heads % config.num_key_value_heads == 0
+
+
+def test_unknown_bench_model_names_the_sizes():
+    with pytest.raises(ConfigError, match="100m"):
+        bench_model_shape("1b")

@@ -23,6 +23,7 @@ import, with no command line: they are only imported.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import importlib.util
@@ -42,8 +43,8 @@ TOOLS = ROOT / "tools"
 SCRIPTS = (
     "bench_checkpoint.py", "bench_contracts.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
-    "bench_predicted.py", "bench_rollout.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
-    "gen_config_docs.py", "gen_operator_docs.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
+    "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
+    "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
 )
 """The Python scripts with a command line: ``main(argv)``."""
@@ -331,3 +332,18 @@ def test_bench_checkpoint_default_plan_binds(tmp_path):
     plan, specs = bench.setup(bench.parse_args([]), tmp_path)
     assert plan.machine.startswith("ray: 2 CPU slots") and (tmp_path / "model" / "config.json").exists()
     assert specs["actor"].model == str(tmp_path / "model")
+
+
+def test_bench_scale_runs_the_baseline_and_names_what_this_checkout_lacks(capsys, tmp_path):
+    results, out = run("bench_scale.py", ["--size", "tiny", "--steps", "1", "--prompts", "2", "--n", "2", "--tokens", "4",
+                                          "--micro", "2", "--threads", "1", "--variants", "lora+packed+budget",
+                                          "--work", str(tmp_path)], capsys)
+    (full,) = results["full"]
+    assert full["steps"] == 2 and full["peak_mb"] > 0 and full["step_s"] > 0, full
+    assert re.search(r"^full +[\d.]+ +[\d.]+ +[\d.]+ +\d+ +[\d.]+ +[\d.]+ +1\.00  1\.00  1\.00$", out, re.M), out
+    from hybridflow import PPOConfig
+
+    for name, runs in results.items():  # every variant ran, or says which config fields this checkout lacks
+        fields = tool("bench_scale.py").variants(argparse.Namespace(micro=2, tokens=4, lora_rank=16))[name]
+        lacking = [f for f in fields if f not in PPOConfig.model_fields]
+        assert isinstance(runs[0], str) == bool(lacking), (name, runs)

@@ -177,3 +177,23 @@ def test_lora_fields_are_validated_and_become_the_actors_settings():
     for bad in (dict(lora_rank=-1), dict(lora_alpha=0), dict(lora_target_modules=[]), dict(lora_target_modules="q-proj")):
         with pytest.raises(ConfigError, match="lora_"):
             PPOConfig(**bad)
+
+
+def test_packing_and_token_budget_reach_the_actor_critic_and_reference(fast_config):
+    from hybridflow.trainer import Trainer
+
+    trainer = Trainer(fast_config(pack_sequences=True, max_tokens_per_micro_batch=12, micro_batch_size=2),
+                      algorithm="ppo")
+    trainer._prepare()  # the plan and the engines, no step
+    configs = {role: trainer.executor.workers[trainer.plan.placement(role).pool].engines[role].train.config
+               for role in ("actor", "critic", "ref")}
+    for role, config in configs.items():
+        assert config.pack_sequences and config.max_tokens_per_micro_batch == 12, role
+    assert configs["actor"].micro_batch_size == 2 and configs["ref"].micro_batch_size is None  # as before
+    # the cost model prices the train engines' forwards at the real length: mean prompt tokens + the response limit
+    from hybridflow.trainer.planning import cost_options, real_seq_len
+
+    prompts = [len(trainer.tokenizer(row["prompt"])["input_ids"]) for row in trainer.train_rows[:8]]
+    options = cost_options(trainer)
+    assert options.real_seq_len == pytest.approx(sum(prompts) / 8 + 3) and options.shared_prompt_min_saved is None
+    assert real_seq_len(Trainer(fast_config(), algorithm="ppo")) is None  # padded: the padded width

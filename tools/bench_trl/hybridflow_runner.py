@@ -44,9 +44,7 @@ METRICS = {"actor/grad_norm": "grad_norm", "actor/entropy": "entropy", "response
            "actor/lr": "lr", "actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "ppo_kl"}
 
 
-MODEL_SIZES = {"tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2),
-               "10m": dict(hidden=256, layers=8, heads=8, kv_heads=4, intermediate=1024)}
-"""Shapes of the bench's model folders: the built-in task's tiny model (~130k parameters) and one of ~7.9M."""
+from hybridflow.data.tiny import BENCH_MODELS as MODEL_SIZES  # noqa: E402  (tiny ~130k, 10m ~7.9M, 100m ~104M parameters)
 
 
 def make_model(path: Path, seed: int, size: str = "tiny") -> None:

@@ -35,6 +35,11 @@ class BaseModelView:
         return self.policy.module
 
     @property
+    def config(self):
+        """The policy's engine settings: its forwards (micro-batches, packing, precision) are the ones used here."""
+        return self.policy.config
+
+    @property
     def device(self) -> torch.device:
         return self.policy.device
 

@@ -14,6 +14,7 @@ import os
 import torch
 from torch import nn
 
+from .packing import pack_rows, packed_hidden, unpack
 from .sequence import join_prompt_response, response_hidden
 from .shared_prompt import shared_response_hidden
 
@@ -61,11 +62,16 @@ class ValueModel(nn.Module):
         return self.value_head(out.last_hidden_state).squeeze(-1).float()
 
     def response_values(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
-                        response_mask: torch.Tensor) -> torch.Tensor:
+                        response_mask: torch.Tensor, *, packed: bool = False) -> torch.Tensor:
         """``V(s_t)`` for each response position ``t``.
 
-        Shapes: prompt ``(b, P)``, response ``(b, R)`` -> ``(b, R)`` float32 (meaningless at padding).
+        Shapes: prompt ``(b, P)``, response ``(b, R)`` -> ``(b, R)`` float32 (meaningless at padding;
+        0 there when ``packed``). ``packed``: the rows run packed into one row of real tokens
+        (:mod:`~hybridflow.runtime.engines.packing`).
         """
+        if packed:
+            rows = pack_rows(prompt_ids, prompt_mask, response_ids, response_mask)
+            return unpack(self.value_head(packed_hidden(self.backbone, rows)).squeeze(-1).float(), rows)
         hidden = shared_response_hidden(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask)
         if hidden is None:  # no prompt repeats, or the shared-prompt forward would not be exact
             inputs = join_prompt_response(prompt_ids, prompt_mask, response_ids, response_mask)

@@ -18,7 +18,9 @@ process up to float rounding (``tests/runtime/engines/test_fsdp.py``).
 
 Mini-batches: ``TrainEngineConfig.mini_batch_size`` is per rank here (the Ray
 executor divides the global one by ``dp``); every rank must run the same number
-of mini- and micro-batches, which equal-sized slices guarantee. The gradient
+of mini- and micro-batches: equal-sized slices give the same mini-batches, and the ranks agree
+on the micro-batch count (the largest; see :mod:`.micro_batches`), which token budgets and
+skipped zero-advantage rows can make differ. The gradient
 norm (hence its non-finite skip) is global, but a non-finite *loss* is seen by
 the rank that computed it only: that rank skips its backward and the others
 wait in theirs until the collective timeout raises (an error, not a hang).
@@ -132,6 +134,13 @@ class FSDPTrainEngine(TrainEngine):
         counts = counts.clone()
         dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=self.group)
         return counts
+
+    def _agree_micro_batch_count(self, count: int) -> int:
+        """The largest micro-batch count of the ranks (an all-reduce): FSDP's collectives need every rank to run
+        as many forwards and backwards (a rank with fewer splits its micro-batches or runs stand-ins)."""
+        agreed = torch.tensor([count], dtype=torch.long, device=self.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
+        return int(agreed.item())
 
     def update(self, batch, loss_terms: Sequence[LossTerm | Sequence], *,
                count_reduce: CountReduce | None = None) -> dict[str, float]:

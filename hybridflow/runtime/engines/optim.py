@@ -45,6 +45,8 @@ class TrainEngineConfig(BaseModel):
     ppo_epochs: int = Field(1, ge=1, description="Passes over the batch per update.")
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step; None = the whole batch (one step per epoch).")
     micro_batch_size: int | None = Field(None, ge=1, description="Samples per forward/backward (gradient accumulation); None = the mini-batch. Also the chunk size of compute_log_probs / compute_values.")
+    pack_sequences: bool = Field(False, description="Run each micro-batch's rows packed into one row of real tokens (no padding; position ids reset per sequence, attention kept within each: flash-attention varlen on CUDA with bf16 where flash_attn is installed, else the block-diagonal causal mask). The same log-probs, values and gradients as the padded forward, up to float rounding.")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description="Form micro-batches by real tokens (prompt plus response, not padded width): each holds at most this many, a longer row goes alone. It takes the place of micro_batch_size in updates and in compute_log_probs / compute_values; the update is the same (losses use the mini-batch's token and sequence counts). None: micro_batch_size rows each.")
     shuffle: bool = Field(False, description="Shuffle the samples before splitting them into mini-batches, every epoch.")
     seed: int = Field(0, description="Seed of the mini-batch shuffling.")
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="bf16 autocast: 'auto' = on for CUDA devices that support bf16, off on CPU; 'bf16' forces it on; 'fp32' off.")

@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["ModelInputs", "position_ids_from_mask", "response_attention", "join_prompt_response", "response_hidden"]
+__all__ = ["ModelInputs", "position_ids_from_mask", "response_attention", "join_prompt_response", "response_hidden",
+           "row_token_counts"]
 
 
 class ModelInputs(NamedTuple):
@@ -44,6 +45,15 @@ def response_attention(response_mask: torch.Tensor) -> torch.Tensor:
     """
     valid = (response_mask > 0).long()
     return valid.flip(-1).cummax(dim=-1).values.flip(-1)
+
+
+def row_token_counts(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Real tokens of each row: its prompt tokens plus its response up to the last valid position.
+
+    ``(b, P)``, ``(b, R)`` -> ``(b,)`` int64: the length a row has with no padding, what token budgets
+    and balanced partitions count (a response with no valid position counts 0).
+    """
+    return (prompt_mask != 0).sum(-1) + response_attention(response_mask).sum(-1)
 
 
 def join_prompt_response(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,

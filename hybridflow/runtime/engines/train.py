@@ -39,8 +39,10 @@ from hybridflow.errors import BatchError, OpError
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
+from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows
 from .sequence import trim_response_width
 from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
+from ..token_partition import split_groups
 
 __all__ = ["TrainEngine", "TrainEngineConfig", "LossTerm"]
 
@@ -105,9 +107,9 @@ class TrainEngine:
         temperature = self.config.temperature if temperature is None else temperature
         self._mode(training=False)
         tensors, width = trim_response_width(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))
-        parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu()
-                 for t in self._chunks(tensors)]
-        out = torch.cat(parts)
+        micro, groups = self._micro_batches(tensors)
+        parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu() for t in micro]
+        out = restore_row_order(parts[:len(groups)], groups)  # stand-ins' outputs dropped
         return torch.nn.functional.pad(out, (0, width - out.shape[-1]))  # 0 past the longest response
 
     @torch.no_grad()
@@ -116,9 +118,9 @@ class TrainEngine:
         if not self.is_value_model:
             raise OpError("compute_values needs a ValueModel; this engine trains a causal LM (use compute_log_probs)")
         self._mode(training=False)
-        parts = [self._value_outputs(t)["value_preds"].cpu()
-                 for t in self._chunks(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))]
-        return torch.cat(parts)
+        micro, groups = self._micro_batches(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))
+        parts = [self._value_outputs(t)["value_preds"].cpu() for t in micro]
+        return restore_row_order(parts[:len(groups)], groups)
 
     def _mode(self, *, training: bool) -> None:
         """``module.train(training)``, skipped when the module is in that mode already (it walks every submodule)."""
@@ -128,15 +130,17 @@ class TrainEngine:
     def _lm_outputs(self, t: Mapping[str, torch.Tensor], *, with_entropy: bool, temperature: float) -> dict:
         with self._autocast():
             out = response_log_probs(self.module, *(t[f] for f in SEQUENCE_FIELDS), temperature=temperature,
-                                     chunk_size=self.config.logprob_chunk_size, with_entropy=with_entropy)
+                                     chunk_size=self.config.logprob_chunk_size, with_entropy=with_entropy,
+                                     packed=self.config.pack_sequences)
         result = {"log_probs": out.log_probs}
         if out.entropy is not None:
             result["entropy"] = out.entropy
         return result
 
     def _value_outputs(self, t: Mapping[str, torch.Tensor]) -> dict:
+        packed = {"packed": True} if self.config.pack_sequences else {}
         with self._autocast():
-            return {"value_preds": self.module.response_values(*(t[f] for f in SEQUENCE_FIELDS))}
+            return {"value_preds": self.module.response_values(*(t[f] for f in SEQUENCE_FIELDS), **packed)}
 
     def _model_outputs(self, t: Mapping[str, torch.Tensor], needs: frozenset[str]) -> dict:
         provided = {"value_preds"} if self.is_value_model else {"log_probs", "entropy"}
@@ -200,10 +204,13 @@ class TrainEngine:
         local_tokens = count_tokens(mask).float().clamp(min=1.0)
         self._drop_gradients()
         pending: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
-        mini = self._rows_that_contribute(mini, terms)
-        for micro in self._chunks(mini):
+        contributing = self._rows_that_contribute(mini, terms)
+        micro_batches, groups = self._micro_batches(contributing, stand_ins_from=mini)
+        mini = contributing
+        for index, micro in enumerate(micro_batches):
             share = count_tokens(micro["response_mask"]).float() / local_tokens
-            self._micro_batch_loss(micro, terms, needs, global_counts, pending, share).backward()
+            metrics = pending if index < len(groups) else []  # a stand-in's (zero) metrics are left out
+            self._micro_batch_loss(micro, terms, needs, global_counts, metrics, share).backward()
         if not len(mini["response_mask"]):
             self._zero_gradients()  # no row contributes: the optimizer still takes its (zero-gradient) step
         grad_norm = self._clip_gradients()
@@ -305,11 +312,27 @@ class TrainEngine:
         for start in range(0, size, step):
             yield {k: v[start:start + step] for k, v in tensors.items()}
 
-    def _chunks(self, tensors: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
-        size = len(tensors["response_mask"])
-        step = self.config.micro_batch_size or max(size, 1)
-        for start in range(0, size, step):
-            yield {k: v[start:start + step] for k, v in tensors.items()}
+    def _micro_batches(self, tensors: dict[str, torch.Tensor], *, stand_ins_from: dict[str, torch.Tensor] | None = None
+                       ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
+        """The micro-batches of ``tensors`` and their row indices (:mod:`.micro_batches`).
+
+        As many micro-batches as :meth:`_agree_micro_batch_count` says: more rows split, then stand-ins
+        (made from ``stand_ins_from``, default ``tensors``) after the real ones; their rows are not in
+        the returned groups.
+        """
+        groups = micro_batch_groups(tensors, micro_batch_size=self.config.micro_batch_size,
+                                    max_tokens=self.config.max_tokens_per_micro_batch)
+        count = self._agree_micro_batch_count(len(groups))
+        if count > len(groups):
+            groups = split_groups(groups, count)
+        parts = [take_rows(tensors, rows) for rows in groups]
+        source = tensors if stand_ins_from is None else stand_ins_from
+        parts += [stand_in(source) for _ in range(count - len(groups))]
+        return parts, groups
+
+    def _agree_micro_batch_count(self, count: int) -> int:
+        """The number of micro-batches every rank runs, given this one's ``count``: ``count`` here (one process)."""
+        return count
 
     # ------------------------------------------------------------------ state
 

@@ -41,7 +41,7 @@ from ..node_calls import WorkerCall
 from ..roles import RoleSpec
 from ..slot_worker import SlotWorker
 from ..spans import SpanRecorder
-from ..dispatch import merge_results, split_for_ranks
+from ..dispatch import balances_tokens, merge_results, split_for_ranks
 from ..topology import Slot, Topology
 from ..weight_sync import DEFAULT_BUCKET_BYTES
 from .cluster import DeviceResource, connect, release_pools, replace_lost_nodes, reserve_pools
@@ -228,7 +228,8 @@ class RayExecutor(PlanExecutor):
         slots = self.topology.pool_slots(pool)
         if not slots:
             raise ExecutionError(f"the plan has no pool {pool!r}; its pools are {', '.join(p.name for p in self.plan.pools)}")
-        split = split_for_ranks(call.method, call.batch, len(slots))
+        split = split_for_ranks(call.method, call.batch, len(slots),
+                                balance_tokens=balances_tokens(self.specs.get(call.role)))
         refs = {s.name: self.actor(s).run.remote(call.method, call.role, part, call.args) for s, part in zip(slots, split.parts)}
         results = self._get_all(refs, f"{call.method} of role {call.role!r} on pool {pool!r}", self.request_timeout_s)
         return merge_results(call.method, split, [results[s.name][0] for s in slots])

@@ -68,6 +68,28 @@ def test_dp2_fsdp_update_equals_dp1(ray_cluster):
 
 
 @pytest.mark.e2e
+def test_dp2_packed_token_budget_update_equals_dp1(ray_cluster):
+    """Packed rows, micro-batches of at most 12 tokens and token-balanced shares on two FSDP ranks: the dp=1 step.
+
+    The ranks' update shares (6 10 7 10 and 10 10 7 5 tokens) make 4 and 3 micro-batches, so they agree on 4
+    and rank 1 splits its 7+5 one; a mismatch would hang FSDP's collectives (a timeout error)."""
+    config = dict(lr=1e-2, ppo_epochs=2, pack_sequences=True, max_tokens_per_micro_batch=12)
+    graph = ALGORITHMS["rloo"].build(n=1)
+    plan = compiled_plan(graph, "colocate", 2)
+    batch = _batch()
+    single = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32", micro_batch_size=2,
+                                                         **{k: config[k] for k in ("lr", "ppo_epochs")}))
+    with RayExecutor(plan, role_specs(graph, **config)) as executor:
+        log_probs = executor.call("pool0", WorkerCall("logprob", "actor", batch))
+        valid = batch["response_mask"].bool()
+        assert (log_probs - single.compute_log_probs(batch))[valid].abs().max() <= 1e-5
+        metrics = executor.call("pool0", WorkerCall("update", "actor", batch, (TERMS,)))
+    expected = single.update(batch, TERMS)
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/grad_norm"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.e2e
 def test_dp2_rollout_rng_state_continues_every_rank(ray_cluster):
     """A data-parallel rollout samples with a seed per rank: its saved state holds every rank's stream, and
     restoring it makes each rank redraw exactly what it drew after the save (rank 1 too, not only rank 0)."""

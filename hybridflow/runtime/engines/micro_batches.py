@@ -1,0 +1,63 @@
+"""The train engine's micro-batches: fixed row counts or a token budget, and as many as the other ranks run.
+
+A micro-batch is a list of row indices of the (mini-)batch:
+
+* fixed size (``micro_batch_size``): consecutive slices, as before token budgets existed;
+* token budget (``max_tokens_per_micro_batch``): rows grouped by real tokens
+  (:func:`~hybridflow.runtime.token_partition.token_budget_groups`), so a micro-batch
+  of short rows holds more of them than one of long rows.
+
+Under FSDP every rank must run the same number of forwards (and backwards): a rank
+with fewer micro-batches than the busiest one splits its largest ones, and where it has
+too few rows for that, runs *stand-ins*: its first row with an all-zero response mask,
+which adds nothing to the losses, the token counts or the gradients, and whose outputs
+are dropped.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..token_partition import token_budget_groups
+from .sequence import row_token_counts
+
+__all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order"]
+
+
+def micro_batch_groups(tensors: dict[str, torch.Tensor], *, micro_batch_size: int | None,
+                       max_tokens: int | None) -> list[list[int]]:
+    """Row indices of each micro-batch of ``tensors`` (fields ``(b, ...)``; see the module docstring).
+
+    ``max_tokens`` (if given) wins over ``micro_batch_size``; one host sync for the row lengths.
+    """
+    size = len(tensors["response_mask"])
+    if max_tokens is not None:
+        lengths = row_token_counts(tensors["prompt_mask"], tensors["response_mask"]).tolist()
+        return token_budget_groups(lengths, max_tokens)
+    step = micro_batch_size or max(size, 1)
+    return [list(range(start, min(start + step, size))) for start in range(0, size, step)]
+
+
+def take_rows(tensors: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:
+    """The rows ``rows`` of every field: a slice (a view) when they are consecutive, else a gather."""
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return {k: v[rows[0]:rows[0] + len(rows)] for k, v in tensors.items()}
+    index = torch.tensor(rows, dtype=torch.long, device=tensors["response_mask"].device)
+    return {k: v.index_select(0, index) for k, v in tensors.items()}
+
+
+def stand_in(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A one-row micro-batch that contributes nothing: the first row with an all-zero ``response_mask``."""
+    row = {k: v[:1] for k, v in tensors.items()}
+    row["response_mask"] = torch.zeros_like(row["response_mask"])
+    return row
+
+
+def restore_row_order(parts: list[torch.Tensor], groups: list[list[int]]) -> torch.Tensor:
+    """The micro-batches' outputs ``parts[g]`` (rows ``groups[g]``) as one tensor in the rows' original order."""
+    out = torch.cat(parts)
+    order = [row for group in groups for row in group]
+    if order == list(range(len(order))):
+        return out
+    restored = torch.empty_like(out)
+    restored[torch.tensor(order, dtype=torch.long, device=out.device)] = out
+    return restored
