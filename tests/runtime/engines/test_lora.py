@@ -14,6 +14,7 @@ from hybridflow.errors import ConfigError, OpError  # noqa: E402
 from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams, TrainEngine, TrainEngineConfig  # noqa: E402
 from hybridflow.runtime.engines.base_view import BaseModelView  # noqa: E402
 from hybridflow.runtime.engines.lora import (LoraSettings, adapter_config, adapter_names, adapters_disabled,  # noqa: E402
+                                             load_adapter_state,
                                              base_state, merged_model, peft_adapter_files)
 from hybridflow.runtime.weight_sync import stream_into  # noqa: E402
 
@@ -129,3 +130,18 @@ def test_without_peft_lora_is_a_config_error_naming_the_extra(model, monkeypatch
     with pytest.raises(ConfigError, match=r"pip install hybridflow\[lora\]"):
         _lora_engine(model)
     TrainEngine(model, TrainEngineConfig())  # a full fine-tune never imports peft
+
+
+def test_packed_rows_run_through_the_adapters_too(tokenizer, model):
+    padded = _lora_engine(copy.deepcopy(model))
+    packed = TrainEngine(copy.deepcopy(model), TrainEngineConfig(precision="fp32", lora=LORA, pack_sequences=True))
+    with torch.no_grad():
+        for name, tensor in padded.state_dict()["model"].items():
+            tensor.normal_(0, 0.3) if "lora_B" in name else None
+        load_adapter_state(packed.module, padded.state_dict()["model"])  # the same (non-zero) adapters in both
+    batch = _batch(tokenizer, padded.module)
+    mask = batch["response_mask"]
+    assert ((padded.compute_log_probs(batch) - packed.compute_log_probs(batch)) * mask).abs().max() < 1e-5
+    with adapters_disabled(padded.module):
+        base = padded.compute_log_probs(batch)
+    assert ((packed.compute_log_probs(batch) - base) * mask).abs().max() > 1e-2
