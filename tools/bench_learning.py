@@ -15,6 +15,7 @@ reached 0.5 / 0.9, the median time to 0.9, and the smallest gain.
     python tools/bench_learning.py --algo grpo --seeds 7 # one seed (a CI job can sample one)
     python tools/bench_learning.py --algo dapo,cispo --seeds 0,1   # other algorithms, grpo_arith's recipe
     python tools/bench_learning.py --jobs 2             # two runs at a time (noisier seconds)
+    python tools/bench_learning.py --algo grpo --seeds 0,1,2 --lora-rank 16 --lr 2e-3   # LoRA adapters only
     .venv-vllm/bin/python tools/bench_learning.py --algo grpo --seeds 0,1,2 --heads 2 --rollout-engine hf,vllm
                                                         # vLLM vs transformers rollouts, same seeds and model
 
@@ -29,6 +30,11 @@ seeds, hf at steps 325 / 425 / 350, vllm at 250 / 475 / 475 (docs/rollout_engine
 Measured with the recipes as they are (``--jobs 2``, shared 2-core machine): grpo 0.9 on 5/5 seeds
 (0-4: steps 225 / 400 / 575 / 275 / 250, median 19.1 s of RL steps, finals 0.95-0.98); ppo 0.9 on
 5/5 (steps 200-320, median 46.2 s, finals 0.96-0.98, smallest gain +0.88).
+
+LoRA (``--algo grpo --seeds 0,1,2 --lora-rank 16 --jobs 2``: rank 16, alpha 32, every linear layer of
+the blocks, lr 4e-3, the recipe otherwise unchanged; 127k-parameter model, 45k adapter parameters):
+0.9 on 3/3 seeds, at steps 525 / 575 / 825 (66.5 / 71.2 / 80.7 s of RL steps), finals 0.95 / 0.97 / 0.96.
+At lr 1e-2 seeds 0 and 1 did not learn in 200 steps (the KL to the base model jumped to 2.4 at step 31).
 
 Seconds depend on the machine and its load; steps do not. ``--json FILE`` writes every
 curve.
@@ -54,11 +60,13 @@ EXTRA_ARGS: dict[str, list[str]] = {"dapo": ["--response-length", "4"]}
 
 
 def command(algo: str, seed: int, out: Path, steps: int | None, time_budget: float | None, engine: str = "hf",
-            heads: int | None = None) -> list[str]:
+            heads: int | None = None, lora: tuple[int, float | None] = (0, None)) -> list[str]:
     if algo != "ppo":  # grpo, or any standard algorithm trained with the grpo_arith recipe
         cmd = [sys.executable, str(ROOT / "examples" / "grpo_arith" / "train.py"), "--seed", str(seed), "--out", str(out)]
         cmd += ["--algorithm", algo, *EXTRA_ARGS.get(algo, [])] if algo != "grpo" else []
         cmd += ["--rollout-engine", engine] + (["--heads", str(heads)] if heads else [])
+        cmd += ["--lora-rank", str(lora[0])] if lora[0] else []
+        cmd += ["--lr", str(lora[1])] if lora[1] else []
     else:
         cmd = [sys.executable, "-m", "hybridflow.cli", "quickstart", "--seed", str(seed), "--out", str(out)]
         cmd += ["--time-budget", str(time_budget)] if time_budget is not None else []
@@ -91,13 +99,14 @@ def first_reached(curve, threshold: float):
 
 
 def run_one(algo: str, seed: int, root: Path, steps: int | None, time_budget: float | None, engine: str = "hf",
-            heads: int | None = None) -> dict:
-    """One run; ``algo`` in the results is ``<algo>/<engine>`` for a rollout engine other than hf."""
-    label = algo if engine == "hf" else f"{algo}/{engine}"
+            heads: int | None = None, lora: tuple[int, float | None] = (0, None)) -> dict:
+    """One run; ``algo`` in the results is ``<algo>/<engine>`` for a rollout engine other than hf, with
+    ``+lora<rank>`` for a LoRA run."""
+    label = (algo if engine == "hf" else f"{algo}/{engine}") + (f"+lora{lora[0]}" if lora[0] else "")
     out = root / f"{label.replace('/', '_')}_seed{seed}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    proc = subprocess.run(command(algo, seed, out, steps, time_budget, engine, heads), cwd=ROOT, env=env,
+    proc = subprocess.run(command(algo, seed, out, steps, time_budget, engine, heads, lora), cwd=ROOT, env=env,
                           capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -151,6 +160,9 @@ def main(argv=None) -> int:
                              "grpo_arith recipe only")
     parser.add_argument("--heads", type=int, default=None,
                         help="attention heads of the grpo_arith model (default: its own, 4; 2 gives head_dim 32 for vLLM)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="grpo_arith recipe: train LoRA adapters of this rank (alpha 2 x rank) instead of every weight")
+    parser.add_argument("--lr", type=float, default=None, help="grpo_arith recipe: peak actor learning rate (its default otherwise)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one torch thread)")
     parser.add_argument("--out", default="runs/bench_learning", help="folder of the runs")
     parser.add_argument("--json", default=None, help="write every result (with its curve) to this file")
@@ -166,13 +178,15 @@ def main(argv=None) -> int:
     engines = tuple(e.strip() for e in args.rollout_engine.split(",") if e.strip())
     if set(engines) - {"hf", "vllm"}:
         parser.error(f"--rollout-engine: {args.rollout_engine!r}; choose hf, vllm or hf,vllm")
+    if "ppo" in algos and (args.lora_rank or args.lr):
+        parser.error("--lora-rank and --lr apply to the grpo_arith recipe, not the ppo quickstart")
     if "ppo" in algos and engines != ("hf",):
         parser.error("--rollout-engine applies to the grpo_arith recipe; the ppo quickstart samples with hf")
     jobs = [(algo, engine, seed) for algo in algos for seed in seeds for engine in engines]
     root = Path(args.out).resolve()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(lambda job: run_one(job[0], job[2], root, args.steps, args.ppo_time_budget, job[1],
-                                                    args.heads), jobs))
+                                                    args.heads, (args.lora_rank, args.lr)), jobs))
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -25,6 +25,9 @@ tried (seeds 0-29).
 ``clip_ratio``, ``kl_coef``, ...) apply, the others are ignored with a warning.
 ``--response-length`` sets the token budget (DAPO's overlong shaping penalises the last
 token of it, so a DAPO run needs one token more than the longest answer: 4).
+``--lora-rank R`` trains LoRA adapters of rank R (alpha 2R) on every linear layer of the blocks
+instead of every weight, at a higher LR (4e-3 unless ``--lr``); the reference of the KL loss
+is then the same module with its adapters disabled.
 ``--rollout-engine vllm`` samples with vLLM (``.venv-vllm/bin/python``); vLLM's CPU attention needs
 head_dim >= 32, so it goes with ``--heads 2`` (hidden 64 in 2 heads of 32, 1 KV head: the same
 parameter count as the default 4 heads of 16 with 2 KV heads).
@@ -72,7 +75,13 @@ def main(argv=None) -> dict:
                              "which vLLM's CPU attention needs (4 gives 16)")
     parser.add_argument("--rollout-engine", default="hf", choices=("hf", "vllm"),
                         help="the rollout engine (vllm: run with .venv-vllm/bin/python, see docs/rollout_engines.md)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="train LoRA adapters of this rank on every linear layer instead of all weights (needs peft)")
+    parser.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale alpha (default: 2 x rank)")
+    parser.add_argument("--lr", type=float, default=None, help="peak actor learning rate (default: 2e-3; with LoRA 4e-3)")
     args = parser.parse_args(argv)
+    lora = dict(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha or 2.0 * args.lora_rank) if args.lora_rank else {}
+    lr = args.lr or (4e-3 if args.lora_rank else 2e-3)
     start = time.perf_counter()
     out = Path(args.out)
     torch.set_num_threads(args.threads)
@@ -90,7 +99,7 @@ def main(argv=None) -> dict:
     config = PPOConfig(
         actor_model_name=str(model_dir), output_dir=str(out), seed=args.seed, num_threads=args.threads,
         rollout_batch_size=args.prompts, n_samples=args.samples, max_response_length=args.response_length, temperature=1.0,
-        actor_lr=2e-3, actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05}, adam_betas=(0.9, 0.9999),
+        actor_lr=lr, **lora, actor_lr_schedule={"name": "cosine", "min_lr_ratio": 0.05}, adam_betas=(0.9, 0.9999),
         max_grad_norm=1.0, clip_ratio=0.2, loss_agg_mode="token-mean", kl_coef=0.1, kl_type="low_var_kl", entropy_coef=0.01,
         recompute_old_log_probs=False, max_steps=args.steps, max_time_s=args.max_time, eval_freq=args.eval_every,
         val_samples=1, stop_at_val_score=args.target, resume="never", overwrite=True, trackers=("console", "jsonl"),

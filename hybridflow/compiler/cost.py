@@ -350,6 +350,13 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
                        ("tp_comm", w.passes * tp), ("pp_comm", w.passes * pp), ("overhead", w.passes * overhead)))
 
 
+def _train_flops_per_token(m: ModelSpec, checkpointing: bool) -> float:
+    """(6|8)·N per token; with LoRA adapters (A params) the frozen weights get no weight gradient: (4|6)·N + 6·A."""
+    if m.adapter_params:
+        return (6 if checkpointing else 4) * m.flop_params + 6 * m.adapter_params
+    return (8 if checkpointing else 6) * m.flop_params
+
+
 def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     """Training steps: max((6|8)·N·tokens/(t·p·peak·mfu_train), overlapped dp comm) + exposed dp comm + bubble + TP/PP comm + Adam step + overheads.
 
@@ -363,7 +370,7 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     micro_batches = math.ceil(seqs / micro)
     seq_len = priced_seq_len(w, o)
     share, calls = _shared_prompt(micro, seq_len, w.prompt_len, w.samples, m.hidden, o)
-    flops_per_token = (8 if o.activation_checkpointing else 6) * m.flop_params
+    flops_per_token = _train_flops_per_token(m, o.activation_checkpointing)
     compute = flops_per_token * seqs * seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_train)
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * seq_len * share, micro_batches, 6 if o.activation_checkpointing else 4, 2, c)
@@ -372,7 +379,7 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
         raise PlanError(f"update of {m.name}: unknown training engine {w.engine!r}; known: {', '.join(DP_RULES)}")
     overlapped, exposed = rule(m, l, compute, micro_batches, flops_per_token, c, o)
     dp = overlapped + exposed
-    adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
+    adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * m.trainable_params / l.size / (c.memory_bandwidth * c.memory_bandwidth_efficiency)
     overhead = micro_batches * calls * c.train_micro_batch_overhead_s + c.optimizer_step_overhead_s
     step = max(compute, overlapped) + exposed + bubble + tp + pp + adam + overhead
     peak = (mem.resident_bytes(m, l, True, w.engine) + mem.gathered_param_bytes(m, l, True, w.engine)
@@ -397,7 +404,7 @@ def weight_sync_cost(w: WeightSync, c: ClusterSpec, o: CostOptions) -> CostRecor
     rank, within one replica's t·p model-parallel ranks (HybridFlow §5), so
     they cross nodes only when t·p does.
     """
-    model_bytes = mem.PARAM_BYTES * w.model.params
+    model_bytes = mem.PARAM_BYTES * w.model.trainable_params  # a LoRA policy syncs its adapters only
     try:
         figures = transition_figures(model_bytes, w.train, w.gen, w.engine)
     except PlanError as err:

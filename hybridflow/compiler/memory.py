@@ -26,6 +26,11 @@ one layer's activations are rebuilt at a time during the backward pass. Under
 the 1F1B pipeline schedule (Narayanan et al. 2021) the first stage holds
 ``min(m, p)`` micro-batches in flight.
 
+LoRA (Hu et al. 2021): a model with ``A`` adapter parameters keeps its ``P`` base
+weights frozen (2 B/param, sharded like the trainable states under fsdp, split over
+``tp·pp`` under megatron) and the full 18 B/param of trainable state for the adapters
+only: **2·P/shards + 18·A/(dp·tp·pp)**.
+
 KV cache (vLLM; Kwon et al. 2023): ``2 · layers · kv_heads · head_dim · 2`` bytes
 per token in bf16, split over ``min(tg, kv_heads)`` tensor ranks (kv heads are
 replicated when tg exceeds them) and ``pg`` pipeline stages.
@@ -60,8 +65,13 @@ def resident_bytes(model: ModelSpec, layout: Layout, trainable: bool, engine: st
     """Model-state bytes each device keeps between uses.
 
     Trainable: 18·P/(dp·tp·pp) (fsdp) or 6·P/(tp·pp) + 12·P/(dp·tp·pp)
-    (megatron); frozen: 2·P/(tp·pp) in both.
+    (megatron); frozen: 2·P/(tp·pp) in both; with A LoRA adapter parameters
+    (``model.adapter_params``) trained: 2·P/(dp·tp·pp) (fsdp) or 2·P/(tp·pp)
+    (megatron) + 18·A/(dp·tp·pp).
     """
+    if trainable and model.adapter_params:
+        base_shards = layout.size if shards_weights_over_dp(engine) else layout.model_parallel
+        return FROZEN_BYTES_PER_PARAM * model.params / base_shards + TRAINABLE_BYTES_PER_PARAM * model.adapter_params / layout.size
     if not trainable:
         return FROZEN_BYTES_PER_PARAM * model.params / layout.model_parallel
     if shards_weights_over_dp(engine):

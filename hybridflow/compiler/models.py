@@ -20,7 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 
-__all__ = ["ModelSpec", "MODEL_PRESETS", "count_params"]
+__all__ = ["ModelSpec", "MODEL_PRESETS", "count_params", "lora_adapter_params", "LORA_ALL_LINEAR"]
+
+LORA_ALL_LINEAR = "all-linear"
+"""LoRA target shorthand: every linear layer of the blocks (q, k, v, o, gate, up, down), not the LM head."""
 
 
 class ModelSpec(BaseModel):
@@ -41,6 +44,7 @@ class ModelSpec(BaseModel):
     o_bias: bool = Field(default=False, description="Attention output projection has a bias (Llama with attention_bias).")
     mlp_bias: bool = Field(default=False, description="MLP projections have biases (Llama with mlp_bias).")
     params: int = Field(default=0, ge=0, description="Total parameters; 0 means computed by count_params.")
+    adapter_params: int = Field(default=0, ge=0, description="LoRA adapter parameters added to the model (lora_adapter_params); 0: no adapters, every parameter trains. With adapters only they train (gradients, Adam state, weight syncs); the base weights are frozen.")
 
     def model_post_init(self, context: Any) -> None:
         """Fill head_dim and params; checks raise ConfigError (not wrapped by pydantic, unlike validators)."""
@@ -75,6 +79,15 @@ class ModelSpec(BaseModel):
         With tied embeddings the table is used once as the LM head, so it counts.
         """
         return self.params if self.tie_embeddings else self.params - self.embedding_params
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters that train and that a weight sync sends: the LoRA adapters when there are any, else all."""
+        return self.adapter_params or self.params
+
+    def with_lora(self, rank: int, targets: str | tuple[str, ...] | list[str] = LORA_ALL_LINEAR) -> "ModelSpec":
+        """This model with LoRA adapters of ``rank`` on ``targets`` (rank 0: without adapters)."""
+        return self.model_copy(update={"adapter_params": lora_adapter_params(self, rank, targets) if rank else 0})
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """KV cache per token: 2 (K and V) x layers x kv_heads x head_dim x dtype_bytes."""
@@ -143,6 +156,30 @@ def count_params(m: ModelSpec) -> int:
     """
     head = 0 if m.tie_embeddings else m.vocab * m.hidden
     return m.vocab * m.hidden + m.layers * m.layer_params + m.hidden + head
+
+
+def _linear_shapes(m: ModelSpec) -> dict[str, tuple[int, int, int]]:
+    """LoRA-targetable linear layers: name -> (in features, out features, how many in the model)."""
+    q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    return {"q_proj": (m.hidden, q, m.layers), "k_proj": (m.hidden, kv, m.layers), "v_proj": (m.hidden, kv, m.layers),
+            "o_proj": (q, m.hidden, m.layers), "gate_proj": (m.hidden, m.intermediate, m.layers),
+            "up_proj": (m.hidden, m.intermediate, m.layers), "down_proj": (m.intermediate, m.hidden, m.layers),
+            "lm_head": (m.hidden, m.vocab, 1)}
+
+
+def lora_adapter_params(m: ModelSpec, rank: int, targets: str | tuple[str, ...] | list[str] = LORA_ALL_LINEAR) -> int:
+    """Parameters of LoRA adapters of ``rank`` on the ``targets`` layers: rank·(in + out) per adapted linear layer.
+
+    ``targets``: ``"all-linear"`` (every block's q, k, v, o, gate, up and down projection) or layer names.
+    Qwen2.5-7B at rank 16 on all-linear: 28·16·(5·3584 + 2·512 + 2·18944 + 18944 + 3584 + ...) = 40,370,176.
+    """
+    shapes = _linear_shapes(m)
+    names = [n for n in shapes if n != "lm_head"] if targets == LORA_ALL_LINEAR else list(targets)
+    unknown = sorted(set(names) - set(shapes))
+    if unknown:
+        raise ConfigError(f"model {m.name!r}: LoRA targets {unknown} are not linear layers of a Llama/Qwen2 model; "
+                          f"use 'all-linear' or some of {', '.join(shapes)}")
+    return sum(rank * (shapes[n][0] + shapes[n][1]) * shapes[n][2] for n in dict.fromkeys(names))
 
 
 def _preset(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, tie: bool, qkv_bias: bool) -> ModelSpec:

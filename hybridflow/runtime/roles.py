@@ -10,7 +10,10 @@ its spec says where its model comes from and how its engines are set:
 * critic — ``model`` (a causal-LM or base-model path/hub name, or a module whose
   backbone is copied) and ``train``;
 * reference — ``model``, and optionally ``train`` (only its forward settings:
-  ``pack_sequences``, ``max_tokens_per_micro_batch``, ``micro_batch_size``);
+  ``pack_sequences``, ``max_tokens_per_micro_batch``, ``micro_batch_size``); or ``base_of``: the
+  LoRA policy whose base model it is, whose module it then computes with, adapters disabled, where
+  that policy trains in the same process (:class:`~.engines.base_view.BaseModelView`: no second
+  copy of the base weights);
 * reward / cost — ``reward``: a ``compute_score`` function, any object with
   ``score(batch) -> RewardOutput`` (a reward model, a remote reward model), or
   ``model`` (a sequence-classification reward model path).
@@ -18,16 +21,18 @@ its spec says where its model comes from and how its engines are set:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 from ..errors import ConfigError
 from .engines import RewardModel, RuleRewardSource, SamplingParams, TrainEngine, TrainEngineConfig, ValueModel
+from .engines.base_view import BaseModelView
+from .engines.lora import is_lora
 from .engines.protocols import RolloutEngine
 from .engines.registry import RolloutBuild, build_rollout
 
-__all__ = ["RoleSpec", "build_engines", "RoleEngines"]
+__all__ = ["RoleSpec", "build_engines", "build_role_engines", "base_model_view", "RoleEngines"]
 
 ModelSource = "str | os.PathLike | torch.nn.Module"
 
@@ -50,6 +55,10 @@ class RoleSpec:
     """Policy: the rollout engine's registry name (the plan's ``RolePlacement.rollout_engine``)."""
     rollout_options: dict[str, Any] | None = None
     """Policy: options of that engine (``rollout_engine_options`` in the config)."""
+    base_of: str | None = None
+    """Reference: the LoRA policy role whose base model (adapters disabled) this reference is. Where that role's
+    train engine is built in the same process, the reference computes with its module; elsewhere it loads
+    ``model`` (the same base weights) as usual."""
 
 
 @dataclass
@@ -86,6 +95,25 @@ def build_engines(role: str, kind: str, spec: RoleSpec, device: str) -> RoleEngi
     if builder is None:
         raise ConfigError(f"role {role!r} has kind {kind!r}, for which no engines exist; kinds: {', '.join(_BUILDERS)}")
     return builder(role, spec, device)
+
+
+def base_model_view(role: str, spec: RoleSpec, built: Mapping[str, RoleEngines]) -> RoleEngines | None:
+    """The reference ``role`` as a view of its LoRA policy's module (``spec.base_of``) when that policy's train engine
+    is among ``built``; None otherwise (build it from ``spec.model``)."""
+    policy = built.get(spec.base_of) if spec.base_of else None
+    if policy is None or policy.train is None or not is_lora(policy.train.module):
+        return None
+    temperature = spec.sampling.temperature if spec.sampling is not None else 1.0
+    return RoleEngines(kind="reference", train=BaseModelView(policy.train, role=role, temperature=temperature))
+
+
+def build_role_engines(roles: Mapping[str, tuple[str, RoleSpec]], device: str) -> dict[str, RoleEngines]:
+    """The engines of several roles in one process (role -> (kind, spec)); a reference of a LoRA policy built here
+    shares the policy's module (:func:`base_model_view`)."""
+    built: dict[str, RoleEngines] = {}
+    for name, (kind, spec) in sorted(roles.items(), key=lambda item: item[1][1].base_of is not None):
+        built[name] = base_model_view(name, spec, built) or build_engines(name, kind, spec, device)
+    return {name: built[name] for name in roles}
 
 
 def _policy(role: str, spec: RoleSpec, device: str) -> RoleEngines:

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import ConfigError
 from .engines import TrainEngineConfig
-from .roles import RoleEngines, RoleSpec, build_engines
+from .roles import RoleEngines, RoleSpec, base_model_view, build_engines
 from .topology import RoleSlot
 
 __all__ = ["build_slot_engines", "rank_train_config"]
@@ -65,5 +65,13 @@ def _engines(slot: RoleSlot, spec: RoleSpec, device: str, mesh) -> RoleEngines:
 
 def build_slot_engines(roles: tuple[RoleSlot, ...], specs: Mapping[str, RoleSpec], device: str,
                        mesh=None) -> dict[str, RoleEngines]:
-    """Role name -> engines for the roles of one slot; ``mesh`` is the pool's 1-D mesh (needed when dp > 1)."""
-    return {slot.role: _engines(slot, specs[slot.role], device, mesh) for slot in roles}
+    """Role name -> engines for the roles of one slot; ``mesh`` is the pool's 1-D mesh (needed when dp > 1).
+
+    A reference whose spec names a LoRA policy (``base_of``) that trains on this slot shares the policy's module
+    (:func:`~.roles.base_model_view`); placed apart from it, the reference loads its own base weights.
+    """
+    built: dict[str, RoleEngines] = {}
+    for slot in sorted(roles, key=lambda s: specs[s.role].base_of is not None):  # policies before their views
+        spec = specs[slot.role]
+        built[slot.role] = base_model_view(slot.role, spec, built) or _engines(slot, spec, device, mesh)
+    return {slot.role: built[slot.role] for slot in roles}

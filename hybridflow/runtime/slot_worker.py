@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ..errors import ExecutionError
 from ..batch import Batch
+from .engines.lora import synced_weights
 from .roles import RoleSpec
 from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
 from .worker import RoleWorker
@@ -162,7 +163,7 @@ class SlotWorker:
             self.mailbox[group] = named
             moved = sum(t.numel() * t.element_size() for _, t in named)
             return SyncStats(len(named), moved, 1, 0, time.time() - start), (start, time.time())
-        specs = tensor_specs(train.module.state_dict())
+        specs = tensor_specs(dict(synced_weights(train.module, train.module.state_dict().items())))
         stats = broadcast_send(train.named_weights(), specs, group=self.groups.get(group), src=src,
                                is_src=self.slot.global_rank == src, device=self.group_devices.get(group, torch.device("cpu")),
                                bucket_bytes=self.bucket_bytes)

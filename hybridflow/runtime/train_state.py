@@ -5,7 +5,8 @@ process group; each writes its own shard (``__<rank>_0.distcp``) and the pool's 
 writes DCP's ``.metadata``. The tensors are
 
 * ``model/<param name>``: the module's state dict as this engine holds it (FSDP2: DTensor
-  shards, plain modules: whole tensors);
+  shards, plain modules: whole tensors); of a LoRA module only the adapters (its frozen base
+  weights are the model it was built from, and resume builds it again);
 * ``optim/<param name>/<name>``: the optimizer state (AdamW: ``exp_avg``, ``exp_avg_sq``,
   ``step``), keyed by parameter name, not by index, so it does not depend on the layout.
 
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from ..errors import CheckpointError
 from .byte_state import state_from_text, state_to_text
+from .engines.lora import is_lora
 from .dcp_files import dcp_exception, safe_reader, save_dcp, unwrap_dcp_error
 
 __all__ = ["save_train_state", "load_train_state"]
@@ -39,7 +41,16 @@ def _live_state(engine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     initialised by a zero-lr step: the template a load fills)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    return get_model_state_dict(engine.module), get_optimizer_state_dict(engine.module, engine.optimizer)
+    return (get_model_state_dict(engine.module, options=_options(engine)),
+            get_optimizer_state_dict(engine.module, engine.optimizer))
+
+
+def _options(engine, **kwargs):
+    """DCP state-dict options: a LoRA module's frozen base parameters are left out (saved and loaded: adapters only)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = is_lora(engine.module)
+    return StateDictOptions(ignore_frozen_params=lora, **({"strict": False} if lora else {}), **kwargs)
 
 
 def _flat(model: Mapping[str, torch.Tensor], optim_state: Mapping[str, Mapping[str, Any]], role: str) -> dict[str, torch.Tensor]:
@@ -96,7 +107,7 @@ def load_train_state(engine, folder: str | Path, saved: Mapping[str, Any], *, ro
         except dcp_exception() as err:
             raise unwrap_dcp_error(err, f"{folder}: reading the state of role {role!r} failed") from None
     try:
-        set_model_state_dict(engine.module, model)
+        set_model_state_dict(engine.module, model, options=_options(engine))
         set_optimizer_state_dict(engine.module, engine.optimizer,
                                  {"state": optim["state"], "param_groups": [dict(g) for g in saved["param_groups"]]})
         engine.scheduler.load_state_dict(saved["scheduler"])

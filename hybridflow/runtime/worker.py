@@ -15,7 +15,7 @@ import torch
 from ..errors import ExecutionError
 from ..batch import Batch
 from .engines import SamplingParams
-from .roles import RoleEngines, RoleSpec, build_engines
+from .roles import RoleEngines, RoleSpec, build_role_engines
 from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, stream_into
 
 __all__ = ["RoleWorker"]
@@ -26,8 +26,7 @@ class RoleWorker:
 
     def __init__(self, device: str, roles: Mapping[str, tuple[str, RoleSpec]]):
         self.device = device
-        self.engines: dict[str, RoleEngines] = {name: build_engines(name, kind, spec, device)
-                                                 for name, (kind, spec) in roles.items()}
+        self.engines: dict[str, RoleEngines] = build_role_engines(roles, device)
         self._offloaded: dict[str, set[str]] = {name: set() for name in self.engines}
 
     @classmethod

@@ -115,6 +115,10 @@ class PPOConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Gradient clipping norm; None: no clipping.")
+    # -- LoRA -----------------------------------------------------------------
+    lora_rank: int = Field(0, ge=0, description="Rank r of LoRA adapters on the actor (needs peft: `pip install hybridflow[lora]`): only the adapters train, are synced into the rollout engine and are checkpointed; the reference log-probs come from the same module with the adapters disabled; `hybridflow export` merges them. 0: full fine-tune. LoRA usually wants a higher actor_lr (1e-4 to 5e-3).")
+    lora_alpha: float = Field(16.0, gt=0.0, description="LoRA scale: the adapters' output is multiplied by lora_alpha / lora_rank.")
+    lora_target_modules: list[str] | str = Field("all-linear", description="Linear layers of the actor that get adapters: 'all-linear' (every linear layer of the decoder blocks; not the output layer) or their names, e.g. [q_proj, v_proj] (a comma-separated string on the command line).")
     # -- algorithm ------------------------------------------------------------
     clip_ratio: float = Field(0.2, gt=0.0, description="PPO clip range epsilon (both sides).")
     clip_ratio_low: float | None = Field(None, gt=0.0, description="Lower clip range epsilon_low, for algorithms with a clip_low attribute (decoupled clipping, DAPO's clip-higher); None: the algorithm's default.")
@@ -184,6 +188,14 @@ class PPOConfig(BaseModel):
         except ValidationError as err:
             raise config_error(err, "PPOConfig") from None
 
+    def lora_settings(self):
+        """The actor's :class:`~hybridflow.runtime.engines.lora.LoraSettings`; None for a full fine-tune (lora_rank 0)."""
+        if not self.lora_rank:
+            return None
+        from ..runtime.engines.lora import LoraSettings
+
+        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules)
+
     def __setattr__(self, name: str, value) -> None:
         """Assignments are validated like the constructor's arguments (``config.device_map = {...}``)."""
         if name not in type(self).model_fields and not name.startswith("_"):
@@ -197,6 +209,14 @@ class PPOConfig(BaseModel):
     @classmethod
     def _schedule_name(cls, value):
         return _schedule_from_name(value)
+
+    @field_validator("lora_target_modules", mode="before")
+    @classmethod
+    def _lora_targets(cls, value):
+        from ..runtime.engines.lora import parse_target_modules
+
+        targets = parse_target_modules(value)
+        return targets if isinstance(targets, str) else list(targets)
 
     @field_validator(*OPS_TABLE_FIELDS, mode="before")
     @classmethod

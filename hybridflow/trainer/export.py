@@ -3,6 +3,11 @@
 The folder holds the weights (safetensors), config, generation config and tokenizer, and
 loads with ``AutoModelForCausalLM.from_pretrained(DIR)``. CKPT is a checkpoint folder, a
 run's ``checkpoints`` folder or its output dir (the newest checkpoint that verifies).
+
+A LoRA policy's checkpoint holds its adapters only, and ``hf/<role>/adapter_config.json``
+names the base model: the export loads that base model (or ``--base-model``), puts the
+adapters on it and merges them into its weights (``W0 + (alpha/r) B A``), so the folder is a
+plain transformers model with no peft in it.
 """
 from __future__ import annotations
 
@@ -13,13 +18,16 @@ from pathlib import Path
 __all__ = ["export_checkpoint", "add_arguments", "run"]
 
 
-def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, role: str | None = None) -> Path:
-    """Write the weights of ``role`` (default: the policy, usually ``actor``) in ``checkpoint`` as a model folder."""
+def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, role: str | None = None,
+                      base_model: str | None = None) -> Path:
+    """Write the weights of ``role`` (default: the policy, usually ``actor``) in ``checkpoint`` as a model folder;
+    LoRA adapters merged into their base model (``base_model``: overrides the one the checkpoint names)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from ..data import load_tokenizer
     from ..errors import CheckpointError
     from ..errors import OutputDirError
+    from ..runtime.engines.lora import ADAPTER_CONFIG
     from .checkpoint import read_checkpoint, resolve_checkpoint
 
     if Path(to).exists() and not Path(to).is_dir():
@@ -36,12 +44,15 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, r
     found = read_checkpoint(path, prefixes=(prefix,))
     weights = {k[len(prefix):]: v for k, v in found.tensors.items()}
     hf = path / "hf" / role
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf))
-    model.to(next(iter(weights.values())).dtype)
-    try:
-        model.load_state_dict(weights, strict=True)
-    except RuntimeError as err:
-        raise CheckpointError(f"{path}: the saved weights of {role!r} do not fit its saved config ({err})") from None
+    if (hf / ADAPTER_CONFIG).is_file():
+        model = _merged(hf, weights, base_model, f"{path}: role {role!r}")
+    else:
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf))
+        model.to(next(iter(weights.values())).dtype)
+        try:
+            model.load_state_dict(weights, strict=True)
+        except RuntimeError as err:
+            raise CheckpointError(f"{path}: the saved weights of {role!r} do not fit its saved config ({err})") from None
     if (hf / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(hf)
     out = Path(to)
@@ -51,13 +62,39 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, r
     return out
 
 
+def _merged(hf: Path, adapters: dict, base_model: str | None, what: str):
+    """The base model named in ``hf/adapter_config.json`` (or ``base_model``) with ``adapters`` merged in."""
+    import json
+
+    from ..data import load_causal_lm
+    from ..errors import CheckpointError, ConfigError, ModelLoadError
+    from ..runtime.engines.lora import (ADAPTER_CONFIG, apply_lora, load_adapter_state, lora_settings_from_file,
+                                        merged_model)
+
+    base = base_model or json.loads((hf / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    try:
+        model = load_causal_lm(base)
+    except (ModelLoadError, OSError, ValueError) as err:
+        raise CheckpointError(f"{what} holds LoRA adapters whose base model {base!r} cannot be loaded ({err}); "
+                              "give it with --base-model PATH") from None
+    model.to(next(iter(adapters.values())).dtype)
+    try:
+        apply_lora(model, lora_settings_from_file(hf / ADAPTER_CONFIG))
+        load_adapter_state(model, adapters)
+    except ConfigError as err:
+        raise CheckpointError(f"{what}: the adapters do not fit the base model {base!r} ({err})") from None
+    return merged_model(model)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint folder (checkpoints/step_N), or a run's output dir for its newest")
     parser.add_argument("--to", required=True, help="folder to write the transformers model into")
     parser.add_argument("--role", default=None, help="policy role to export (default: actor)")
+    parser.add_argument("--base-model", default=None, help="LoRA checkpoints: the base model to merge the adapters into "
+                                                           "(default: the one the checkpoint names)")
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_checkpoint(args.checkpoint, args.to, role=args.role)
+    out = export_checkpoint(args.checkpoint, args.to, role=args.role, base_model=args.base_model)
     print(f"exported to {out}; load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0

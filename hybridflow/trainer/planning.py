@@ -5,7 +5,7 @@
 :func:`~hybridflow.compiler.ray_machine`) with
 
 * the models from the model folders' ``config.json`` (a rule reward or cost
-  function costs nothing: ``"rule"``);
+  function costs nothing: ``"rule"``), a LoRA policy with its adapters' size;
 * the batch shape from the config: prompts per step, the padded prompt length
   of the training prompts, the response length, epochs and mini-batches;
 * the cluster's figures measured on this machine (``calibrate``, on by default:
@@ -108,8 +108,15 @@ def _model_sources(trainer: "Trainer") -> dict:
 
 
 def model_specs(trainer: "Trainer") -> dict[str, ModelSpec | str]:
-    """Role -> the model the compiler costs for it (``"rule"`` for functions and remote reward servers)."""
-    return {role: _spec(source, role) for role, source in _model_sources(trainer).items()}
+    """Role -> the model the compiler costs for it (``"rule"`` for functions and remote reward servers); a policy
+    with LoRA (``lora_rank``) carries its adapters' size, so that its memory and weight syncs are costed as such."""
+    specs = {role: _spec(source, role) for role, source in _model_sources(trainer).items()}
+    cfg = trainer.config
+    if cfg.lora_rank:
+        for role in (r.name for r in trainer.graph.roles if r.kind == "policy"):
+            if isinstance(specs[role], ModelSpec):
+                specs[role] = specs[role].with_lora(cfg.lora_rank, cfg.lora_target_modules)
+    return specs
 
 
 def _responses(trainer: "Trainer") -> int:

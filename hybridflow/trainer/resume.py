@@ -11,6 +11,7 @@ there is none; ``"never"`` starts fresh, and refuses a folder that holds checkpo
 """
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError, OutputDirError
+from ..runtime.engines.lora import ADAPTER_CONFIG, settings_adapter_config
 from ..runtime.shard_calls import load_train_states, save_train_states
 from .checkpoint import (CHECKPOINTS, TENSORS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint,
                          save_checkpoint)
@@ -42,7 +44,10 @@ def rollout_engines(trainer: "Trainer") -> dict:
 
 
 def _write_hf_files(trainer: "Trainer"):
-    """Writes each policy's transformers config, generation config and tokenizer under ``hf/<role>``."""
+    """Writes each policy's transformers config, generation config and tokenizer under ``hf/<role>``; a LoRA
+    policy's peft ``adapter_config.json`` too, naming its base model."""
+    lora = trainer.config.lora_settings()
+
     def write(folder: Path) -> None:
         for role in (r.name for r in trainer.graph.roles if r.kind == "policy"):
             module = trainer.role_engines(role).train.module
@@ -51,7 +56,16 @@ def _write_hf_files(trainer: "Trainer"):
             if getattr(module, "generation_config", None) is not None:
                 module.generation_config.save_pretrained(target)
             trainer.tokenizer.save_pretrained(target)
+            if lora is not None:  # the checkpoint holds the adapters; export finds their base model here
+                config = settings_adapter_config(lora, base_model=_base_model_path(trainer.actor_path))
+                (target / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
     return write
+
+
+def _base_model_path(source: str) -> str:
+    """A local model folder as an absolute path (a checkpoint may be exported from another directory); else as given."""
+    path = Path(source)
+    return str(path.resolve()) if path.is_dir() else source
 
 
 def save_run(trainer: "Trainer") -> Path:

@@ -44,7 +44,7 @@ def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
     specs: dict[str, RoleSpec] = {}
     for role in trainer.graph.roles:
         if role.kind == "policy":
-            train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, **common,
+            train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, lora=cfg.lora_settings(), **common,
                                       **cfg.actor_lr_schedule.engine_settings(cfg.max_steps))
             engine = trainer.plan.placement(role.name).rollout_engine or cfg.rollout_engine
             specs[role.name] = RoleSpec(model=trainer.actor_path, tokenizer=trainer.tokenizer, train=train, sampling=sampling,
@@ -56,12 +56,22 @@ def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
         elif role.kind == "reference":
             forward = TrainEngineConfig(pack_sequences=cfg.pack_sequences,
                                         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch)
-            specs[role.name] = RoleSpec(model=cfg.ref_model_name or trainer.actor_path, sampling=sampling, train=forward)
+            specs[role.name] = RoleSpec(model=cfg.ref_model_name or trainer.actor_path, sampling=sampling, train=forward,
+                                        base_of=_lora_base_of(trainer))
         elif role.kind == "cost":
             specs[role.name] = cost_spec(trainer, role.name)
         else:
             specs[role.name] = reward_spec(trainer)
     return specs
+
+
+def _lora_base_of(trainer: "Trainer") -> str | None:
+    """The LoRA policy a reference is the base model of: with lora_rank > 0 and no ref_model_name, the reference is
+    the actor's initial model, i.e. its base model (the adapters start at zero)."""
+    cfg = trainer.config
+    if not cfg.lora_rank or cfg.ref_model_name:
+        return None
+    return next((r.name for r in trainer.graph.roles if r.kind == "policy"), None)
 
 
 def reward_spec(trainer: "Trainer") -> RoleSpec:

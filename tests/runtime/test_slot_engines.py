@@ -35,3 +35,23 @@ def test_a_generation_slot_builds_the_named_engine(vllm_spec):
     slot = RoleSlot(role="actor", kind="policy", train=False, rollout=True, dp=1)
     with pytest.raises(ConfigError, match="make vllm-env"):
         build_slot_engines((slot,), {"actor": vllm_spec}, "cpu")
+
+
+def test_a_lora_policys_reference_shares_its_module_on_its_slot_and_loads_its_own_elsewhere(tmp_path):
+    pytest.importorskip("peft")
+    from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
+    from hybridflow.runtime.engines.base_view import BaseModelView
+    from hybridflow.runtime.engines.lora import LoraSettings, is_lora
+
+    folder = str(create_tiny_model_dir(tmp_path / "tiny", seed=0))
+    actor = RoleSpec(model=folder, tokenizer=load_tokenizer(folder),
+                     train=TrainEngineConfig(lr=1e-3, lora=LoraSettings(rank=2)))
+    ref = RoleSpec(model=folder, base_of="actor")
+    slots = (RoleSlot(role="ref", kind="reference", train=True, rollout=False, dp=1),  # listed first: built after
+             RoleSlot(role="actor", kind="policy", train=True, rollout=True, dp=1))
+    together = build_slot_engines(slots, {"actor": actor, "ref": ref}, "cpu")
+    assert list(together) == ["ref", "actor"]
+    assert isinstance(together["ref"].train, BaseModelView) and together["ref"].train.module is together["actor"].train.module
+    assert together["actor"].rollout.model is together["actor"].train.module  # the rollout samples with the adapters
+    apart = build_slot_engines(slots[:1], {"ref": ref}, "cpu")["ref"].train  # another pool: its own base weights
+    assert isinstance(apart, TrainEngine) and not is_lora(apart.module)

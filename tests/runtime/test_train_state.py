@@ -116,3 +116,28 @@ def test_a_dp2_fsdp_checkpoint_loads_into_one_plain_engine(tmp_path):
     load_train_state(engine, tmp_path / "actor", saved, role="actor")  # no process group: the shards resharded
     _assert_same(full["model"], full["optim"], *_by_name(engine))
     assert engine.scheduler.training_step == 2
+
+
+def test_a_lora_engine_saves_and_loads_its_adapters_and_their_optimizer_state_only(tmp_path):
+    pytest.importorskip("peft")
+    from hybridflow.runtime.engines.lora import LoraSettings, adapter_names
+
+    config = CONFIG.model_copy(update={"lora": LoraSettings(rank=2)})
+    source = TrainEngine(tiny(), config)
+    _step(source, 0.1)
+    _step(source, -0.3)
+    saved = json.loads(json.dumps(save_train_state(source, tmp_path / "actor", role="actor")))
+    import torch.distributed.checkpoint as dcp
+
+    stored = set(dcp.FileSystemReader(str(tmp_path / "actor")).read_metadata().state_dict_metadata)
+    adapters = adapter_names(source.module)
+    assert {k[len("model/"):] for k in stored if k.startswith("model/")} == adapters
+    assert {k.split("/")[1] for k in stored if k.startswith("optim/")} == adapters
+    target = TrainEngine(tiny(), config)
+    load_train_state(target, tmp_path / "actor", saved, role="actor")
+    _assert_same(*_by_name(source), *_by_name(target))
+    _step(source, 0.2)
+    _step(target, 0.2)
+    _assert_same(*_by_name(source), *_by_name(target))
+    with pytest.raises(CheckpointError, match="does not fit"):  # a full fine-tune cannot load the adapters
+        load_train_state(TrainEngine(tiny(), CONFIG), tmp_path / "actor", saved, role="actor")

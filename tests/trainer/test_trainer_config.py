@@ -167,6 +167,16 @@ def test_a_name_missing_from_the_ops_table_is_a_config_error_listing_the_table(f
         setattr(PPOConfig(), field, bad)
 
 
+def test_lora_fields_are_validated_and_become_the_actors_settings():
+    assert PPOConfig().lora_settings() is None  # lora_rank 0: a full fine-tune
+    config = PPOConfig(lora_rank=8, lora_alpha=16, lora_target_modules="q_proj, v_proj")
+    assert config.lora_target_modules == ["q_proj", "v_proj"]
+    settings = config.lora_settings()
+    assert (settings.rank, settings.alpha, settings.target_modules) == (8, 16.0, ("q_proj", "v_proj"))
+    assert PPOConfig(lora_rank=4).lora_settings().target_modules == "all-linear"
+    for bad in (dict(lora_rank=-1), dict(lora_alpha=0), dict(lora_target_modules=[]), dict(lora_target_modules="q-proj")):
+        with pytest.raises(ConfigError, match="lora_"):
+            PPOConfig(**bad)
 
 
 def test_packing_and_token_budget_reach_the_actor_critic_and_reference(fast_config):

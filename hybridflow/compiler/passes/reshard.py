@@ -15,7 +15,8 @@ iteration) this pass inserts a ``weight_sync`` op:
   (:func:`hybridflow.compiler.reshard.cross_pool_sync`); every rollout rank
   receives ``M`` (``volume_bytes``); ``target_pool`` names the rollout pool.
 
-``M`` is the bf16 weights, 2 bytes per parameter.
+``M`` is the bf16 weights, 2 bytes per parameter: of the adapters alone for a LoRA
+policy (``ModelSpec.adapter_params``), which is all a sync sends.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def sync_op(name: str, role: str, plan: ExecutionPlan, ctx: CompileContext, deps
     """The weight_sync op of ``role`` (hybrid engine in its pool, or a broadcast to its generation pool)."""
     p = plan.placement(role)
     train, gen = layout_of(p.layout), layout_of(p.generation_layout or p.layout)
-    model_bytes = PARAM_BYTES * ctx.models[role].params
+    model_bytes = PARAM_BYTES * ctx.models[role].trainable_params  # a LoRA policy syncs its adapters only
     if p.generation_pool:
         sync = cross_pool_sync(model_bytes, train, gen, ctx.cluster, WEIGHT_SYNC_BUCKET_BYTES)
         note = (f"bucketed broadcast {p.pool} -> {p.generation_pool}: {sync.buckets} buckets of {_gib(WEIGHT_SYNC_BUCKET_BYTES)}, "

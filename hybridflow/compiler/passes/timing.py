@@ -166,7 +166,7 @@ def _weight_sync(view: PlanView, op: PlanOp) -> CostRecord:
     if op.target_pool is None:
         record = estimate(WeightSync(model, train, gen, p.train_engine), view.ctx.cluster, view.ctx.options)
         return CostRecord("weight_sync", record.time_s, used + record.peak_memory_bytes, record.parts, record.problem)
-    model_bytes = PARAM_BYTES * model.params
+    model_bytes = PARAM_BYTES * model.trainable_params  # a LoRA policy syncs its adapters only
     sync = cross_pool_sync(model_bytes, train, gen, view.ctx.cluster, WEIGHT_SYNC_BUCKET_BYTES)
     return CostRecord("weight_sync", sync.time_s, used + min(WEIGHT_SYNC_BUCKET_BYTES, model_bytes), (("broadcast", sync.time_s),))
 

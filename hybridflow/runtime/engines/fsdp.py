@@ -43,6 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
+from .lora import synced_weights
 from .optim import TrainEngineConfig
 from .train import CountReduce, LossTerm, TrainEngine
 
@@ -176,6 +177,7 @@ class FSDPTrainEngine(TrainEngine):
             self._shuffle.set_state(state["shuffle_rng"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, full tensor)`` of every parameter and buffer, gathered one at a time (a collective per tensor)."""
-        for name, tensor in self.module.state_dict(keep_vars=False).items():
+        """``(name, full tensor)`` of every parameter and buffer (a LoRA module: of its adapters), gathered one at a
+        time (a collective per tensor)."""
+        for name, tensor in synced_weights(self.module, self.module.state_dict(keep_vars=False).items()):
             yield name, full_tensor(tensor).detach()

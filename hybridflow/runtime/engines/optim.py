@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hybridflow.errors import CheckpointError
 
+from .lora import LoraSettings
+
 __all__ = ["TrainEngineConfig", "lr_factor", "build_optimizer", "TrainingStepSchedule"]
 
 
@@ -52,6 +54,7 @@ class TrainEngineConfig(BaseModel):
     logprob_chunk_size: int = Field(1024, ge=1, description="Rows per chunk of the fused lm_head log-prob computation.")
     temperature: float = Field(1.0, gt=0.0, description="Logits are divided by it for the log-probs; set it to the rollout temperature.")
     entropy_metric: bool = Field(True, description="Compute the policy entropy in updates for the '<prefix>/entropy' metric even when no loss needs it.")
+    lora: LoraSettings | None = Field(None, description="LoRA adapters (rank, alpha, target modules): only they train, sync and are checkpointed; None: every weight trains.")
     skip_vanishing_rows: bool = Field(True, description="Skip the forward/backward of rows whose every loss term is exactly zero (e.g. PPO rows with zero advantage, as in GRPO groups of equal rewards). The update is unchanged: counts come from the whole mini-batch; only metrics are then averaged over the rows that ran (entropy too: a mini-batch in which no row runs reports no entropy).")
 
     @model_validator(mode="after")

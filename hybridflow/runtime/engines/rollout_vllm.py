@@ -38,6 +38,13 @@ e.g. the CPU backend's repacking of linear weights, which a bare
 safetensors to the staging folder and reloads from the path (the path a
 multi-process vLLM needs).
 
+LoRA: a policy with LoRA adapters (:mod:`.lora`) starts vLLM on its base weights with
+``enable_lora`` (``max_lora_rank``: the smallest rank vLLM accepts that holds the adapters'),
+and a sync sends the adapters only: once all have arrived they are written as a peft adapter
+folder in the staging folder and every later generation runs with a new ``LoRARequest`` (a
+new int id per sync; the previous adapter is removed from vLLM and its folder deleted).
+Before the first sync it generates with the base model, which is where LoRA starts.
+
 Side effects of starting vLLM that this module undoes: vLLM seeds the global
 torch/numpy/python RNGs (they are restored, so the run's random stream does not
 move) and on CPU replaces ``torch.set_num_threads`` with a no-op (restored).
@@ -66,6 +73,7 @@ import torch
 from hybridflow.errors import ConfigError, ExecutionError
 
 from ...batch import Batch
+from .lora import adapter_config, adapter_names, base_state, is_lora, peft_adapter_files
 from .registry import VLLMOptions
 from .sampling import SamplingParams
 from .text import decode_responses
@@ -118,7 +126,7 @@ def _stage(module: torch.nn.Module, folder: Path) -> None:
     if getattr(module, "generation_config", None) is not None:
         module.generation_config.to_json_file(str(folder / "generation_config.json"))
     tensors, seen = {}, set()
-    for name, tensor in module.state_dict().items():
+    for name, tensor in base_state(module).items():  # a LoRA module: its base weights under the plain names
         key = (tensor.data_ptr(), tensor.shape)
         if key not in seen:
             seen.add(key)
@@ -158,9 +166,23 @@ def worker_in_own_process() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int, own_process: bool):
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``)."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``; ConfigError above its largest."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ConfigError(f"lora_rank {rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; lower it or "
+                      "use rollout_engine: hf")
+
+
+def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int, own_process: bool,
+               lora_rank: int | None = None):
     """``vllm.LLM`` on ``folder``: the engine core in this process, its worker here too or (``own_process``) in a
-    spawned process (vLLM's ``mp`` executor; :func:`worker_in_own_process`)."""
+    spawned process (vLLM's ``mp`` executor; :func:`worker_in_own_process`); ``lora_rank``: with LoRA enabled."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if own_process:  # a forked worker would inherit this process's world (and its sockets)
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
@@ -176,6 +198,8 @@ def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int, ow
                   enable_prefix_caching=True)
     if own_process:
         kwargs.update(distributed_executor_backend="mp")
+    if lora_rank is not None:
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
     if device.startswith("cuda"):
         kwargs.update(gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.sleep_mode)
     with _GlobalStateGuard():
@@ -190,7 +214,7 @@ class VLLMRolloutEngine:
 
     def __init__(self, llm, *, folder: Path, shapes: Mapping[str, tuple[int, ...]], tokenizer=None,
                  sampling: SamplingParams | None = None, eos_token_ids: Sequence[int] = (), pad_token_id: int = 0,
-                 options: VLLMOptions | None = None, max_len: int = 512):
+                 options: VLLMOptions | None = None, max_len: int = 512, lora: Mapping | None = None):
         self.llm = llm
         self.folder = folder
         self.shapes = dict(shapes)
@@ -202,6 +226,10 @@ class VLLMRolloutEngine:
         self.max_len = max_len
         self._calls: dict[int, int] = {}
         self._pending: dict[str, torch.Tensor] = {}
+        self.lora_config = dict(lora) if lora is not None else None
+        """The peft adapter config of a LoRA policy (``shapes`` are then the adapters'); None: full weights."""
+        self._lora_request = None
+        self._lora_ids = 0
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(folder), True)
 
     @classmethod
@@ -217,19 +245,22 @@ class VLLMRolloutEngine:
             _stage(module, folder)
             config = module.config
             max_len = options.max_model_len or int(getattr(config, "max_position_embeddings", 2048))
-            llm = _start_llm(folder, options, device, max_len, worker_in_own_process())
+            lora = adapter_config(module) if is_lora(module) else None
+            llm = _start_llm(folder, options, device, max_len, worker_in_own_process(),
+                             lora_rank=lora["r"] if lora else None)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        if options.weight_transfer == "direct":
+        if options.weight_transfer == "direct" and lora is None:
             # vLLM has read the folder and 'direct' never reads it again: gone now, it cannot outlive a process
             # killed without clean-up (a Ray slot's, by ray.kill); 'shm' reloads from it, so it stays until the end
             shutil.rmtree(folder, ignore_errors=True)
         eos = _special_ids(module, tokenizer, "eos_token_id")
         pad = (_special_ids(module, tokenizer, "pad_token_id") or eos or (0,))[0]
-        shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+        synced = adapter_names(module)  # what a sync sends: the adapters of a LoRA module, else everything
+        shapes = {name: tuple(t.shape) for name, t in module.state_dict().items() if not synced or name in synced}
         return cls(llm, folder=folder, shapes=shapes, tokenizer=tokenizer, sampling=sampling, eos_token_ids=eos,
-                   pad_token_id=pad, options=options, max_len=max_len)
+                   pad_token_id=pad, options=options, max_len=max_len, lora=lora)
 
     # -- generation ----------------------------------------------------------------------------
     def _request_params(self, params: SamplingParams, seed: int | None):
@@ -262,7 +293,7 @@ class VLLMRolloutEngine:
                 k = i * params.n + j
                 requests.append({"prompt_token_ids": ids})
                 sampling_list.append(self._request_params(params, None if call is None else vllm_seed(params.seed, call, k)))
-        outputs = self.llm.generate(requests, sampling_list, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling_list, use_tqdm=False, lora_request=self._lora_request)
         fields = self._fields([o.outputs[0] for o in outputs], params)
         if self.tokenizer is not None:
             fields["responses"] = decode_responses(self.tokenizer, fields["response_ids"], fields["response_mask"],
@@ -311,7 +342,9 @@ class VLLMRolloutEngine:
 
     def _load_pending(self) -> None:
         weights, self._pending = self._pending, {}
-        if self.options.weight_transfer == "shm":  # tensors do not cross vLLM's process boundary
+        if self.lora_config is not None:
+            self._load_adapter(weights)
+        elif self.options.weight_transfer == "shm":  # tensors do not cross vLLM's process boundary
             from safetensors.torch import save_file
 
             self.folder.mkdir(parents=True, exist_ok=True)  # removed after start-up when the engine began with 'direct'
@@ -321,6 +354,18 @@ class VLLMRolloutEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+
+    def _load_adapter(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Write the adapters as a peft folder and generate with them from now on (a new LoRARequest id)."""
+        from vllm.lora.request import LoRARequest
+
+        previous = self._lora_request
+        self._lora_ids += 1
+        path = peft_adapter_files(self.lora_config, weights, self.folder / f"adapter-{self._lora_ids}")
+        self._lora_request = LoRARequest(f"policy-{self._lora_ids}", self._lora_ids, str(path))
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def _flush_incomplete(self) -> None:
         if self._pending:

@@ -38,6 +38,7 @@ from hybridflow.errors import BatchError, OpError
 
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
+from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
 from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows
 from .sequence import trim_response_width
 from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
@@ -52,9 +53,12 @@ CountReduce = Callable[[torch.Tensor], torch.Tensor]
 class TrainEngine:
     """A trainable module (causal LM actor or :class:`ValueModel` critic) with its optimizer.
 
+    With ``config.lora`` the module gets LoRA adapters (:mod:`.lora`, in place) and only they train: the
+    optimizer holds them alone, and :meth:`state_dict` and :meth:`named_weights` give them alone.
+
     Args:
         module: the model; moved to ``device``.
-        config: optimizer, schedule, batching, precision and thread settings.
+        config: optimizer, schedule, batching, precision, thread and LoRA settings.
         metric_prefix: metric keys are ``f"{metric_prefix}/{name}"`` (``"actor"``, ``"critic"``).
         device: where the module lives and computes (default: where its parameters are).
     """
@@ -64,6 +68,8 @@ class TrainEngine:
         self.config = config or TrainEngineConfig()
         if self.config.num_threads is not None:
             torch.set_num_threads(self.config.num_threads)
+        if self.config.lora is not None and not is_lora(module):
+            module = apply_lora(module, self.config.lora)
         first = next(module.parameters())
         self.device = torch.device(device) if device is not None else first.device
         self.module = module.to(self.device)
@@ -340,13 +346,17 @@ class TrainEngine:
         self.scheduler.set_base_lr(lr)
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer and schedule state (for checkpoints; the schedule's under ``"scheduler"``)."""
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+        """Model (a LoRA module: its adapters), optimizer and schedule state (the schedule's under ``"scheduler"``)."""
+        model = adapter_state(self.module) if is_lora(self.module) else self.module.state_dict()
+        return {"model": model, "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "shuffle_rng": self._shuffle.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-        self.module.load_state_dict(state["model"])
+        if is_lora(self.module):
+            load_adapter_state(self.module, state["model"])
+        else:
+            self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if "shuffle_rng" in state:
@@ -363,6 +373,9 @@ class TrainEngine:
                         state[key] = value.to(device)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` of every parameter and buffer, detached, for weight sync to a rollout engine."""
-        for name, tensor in self.module.state_dict(keep_vars=False).items():
-            yield name, tensor
+        """``(name, tensor)`` of every parameter and buffer (a LoRA module: of its adapters), detached, for weight
+        sync to a rollout engine."""
+        if is_lora(self.module):
+            yield from adapter_state(self.module).items()
+        else:
+            yield from self.module.state_dict(keep_vars=False).items()

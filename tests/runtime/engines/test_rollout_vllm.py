@@ -129,3 +129,31 @@ def test_a_bad_or_partial_weight_sync_is_an_error_naming_it(vllm_engine, llama, 
         vllm_engine.generate(prompt_batch(tokenizer), _greedy())
     vllm_engine.update_weights(state.items())  # the whole model: the sync completes
     assert vllm_engine.generate(prompt_batch(tokenizer), _greedy())["response_ids"].shape[0] == 16
+
+
+def test_a_lora_policy_syncs_its_adapters_as_lora_requests(llama, tokenizer):
+    pytest.importorskip("peft")
+    from hybridflow.runtime.engines.lora import LoraSettings, adapter_names
+
+    train = TrainEngine(copy.deepcopy(llama), TrainEngineConfig(lr=5e-2, precision="fp32", lora=LoraSettings(rank=8)))
+    engine = VLLMRolloutEngine.from_module(train.module, tokenizer=tokenizer, sampling=SamplingParams(max_new_tokens=6),
+                                           options=VLLMOptions(max_model_len=64))
+    assert set(engine.weight_shapes()) == adapter_names(train.module)  # a sync sends the adapters only
+    hf = HFRolloutEngine(train.module, tokenizer=tokenizer)
+    prompts = prompt_batch(tokenizer)
+    base = engine.generate(prompts, _greedy())  # before any sync: the base model, where LoRA starts
+    assert torch.equal(base["response_ids"], hf.generate(prompts, _greedy())["response_ids"])
+    for step in range(2):  # two syncs: the second replaces the first adapter (a new LoRARequest id)
+        batch = hf.generate(prompts, SamplingParams(max_new_tokens=6, seed=step))
+        train.update(batch.with_fields(old_log_probs=batch["rollout_log_probs"], advantages=torch.randn(
+            batch["response_mask"].shape, generator=torch.Generator().manual_seed(step))), [("ppo_clip", 1.0, {})])
+        stats = stream_into(engine, train.named_weights())
+        adapter_bytes = sum(t.numel() * t.element_size() for n, t in train.module.state_dict().items()
+                            if n in adapter_names(train.module))
+        assert stats.bytes == adapter_bytes and engine._lora_request.lora_int_id == step + 1
+        out = engine.generate(prompts, _greedy())
+        assert torch.equal(out["response_ids"], hf.generate(prompts, _greedy())["response_ids"])
+        gap = ((out["rollout_log_probs"] - train.compute_log_probs(out)) * out["response_mask"]).abs().max()
+        assert gap < 1e-4
+    assert not torch.equal(out["response_ids"], base["response_ids"])  # the adapters changed what vLLM generates
+    assert sorted(p.name for p in engine.folder.glob("adapter-*")) == ["adapter-2"]  # the old adapter is gone
