@@ -29,8 +29,9 @@ on this machine (vLLM or flash-attention not installed, one GPU for a two-GPU co
 7. ``packing``: where the train engine has ``pack_sequences``: packed against padded log-probs in
    float32 on CUDA (max abs difference) and the bf16 update time of each; flash-attention varlen where
    ``flash_attn`` is installed.
-8. ``lora``: where the trainer has ``lora_rank``: a GRPO step with LoRA adapters on ``cuda:0``: seconds
-   per step, peak memory and weight-sync megabytes against the full fine-tune's.
+8. ``lora``: where the trainer has ``lora_rank``: GRPO steps with LoRA adapters (rank 16) on ``cuda:0``
+   against the full fine-tune's: seconds per step and peak memory; and the sync of check 4 (an FSDP2 actor
+   into its rollout copy), full weights against adapters only: megabytes and seconds.
 9. ``vllm``: where vLLM is installed: generation on CUDA, sleep / wake, and a same-device weight update.
 
 Figures are from one run on whatever else the machine is doing; ratios inside a row compare two
@@ -234,31 +235,50 @@ def check_fsdp2(args) -> None:
         weights_vs_plain_max_abs=f"{worst:.2e}", update_s=round(update_s, 3), peak_gib=peak_gib())
 
 
-def check_weight_sync(args) -> None:
-    """FSDP2 actor + an hf rollout engine with its own copy on the same device: sync, offload, onload."""
+@contextlib.contextmanager
+def actor_beside_a_rollout_copy(args, lora=None):
+    """An FSDP2 actor (one rank; LoRA adapters when ``lora`` is a LoraSettings) and an hf rollout engine with its
+    own copy of the weights on DEVICE (a LoRA model too when the actor is), in a RoleWorker; yields
+    (worker, train engine, rollout engine, a rollout batch). The actor has taken one update."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams, TrainEngineConfig
+    from hybridflow.runtime.engines import HFRolloutEngine, TrainEngineConfig
     from hybridflow.runtime.engines.fsdp import FSDPTrainEngine
+    from hybridflow.runtime.engines.lora import apply_lora
     from hybridflow.runtime.roles import RoleEngines
     from hybridflow.runtime.worker import RoleWorker
 
     tokenizer, model = bench_model(args.size)
     batch, _ = rollout_batch(tokenizer, copy.deepcopy(model), prompts=args.prompts, n=args.n, tokens=args.tokens)
     with one_rank_group():
-        rollout = HFRolloutEngine(copy.deepcopy(model), tokenizer=tokenizer, device=DEVICE)
-        train = FSDPTrainEngine(model, TrainEngineConfig(lr=1e-4, micro_batch_size=args.micro),
+        own = copy.deepcopy(model)
+        rollout = HFRolloutEngine(apply_lora(own, lora) if lora else own, tokenizer=tokenizer, device=DEVICE)
+        train = FSDPTrainEngine(model, TrainEngineConfig(lr=1e-4, micro_batch_size=args.micro, lora=lora),
                                 mesh=init_device_mesh(torch.device(DEVICE).type, (1,)), device=DEVICE)
         worker = RoleWorker.from_engines(DEVICE, {"actor": RoleEngines("policy", train=train, rollout=rollout)})
         train.update(batch, PG)
-        worker.sync_weights("actor")  # warm-up
-        train.update(batch, PG)
-        start = synced()
-        stats = worker.sync_weights("actor")
-        sync_s = synced() - start
-        full = {name: tensor.float().cpu() for name, tensor in train.named_weights()}
-        copied = rollout.model.state_dict()
-        gap = max(float((copied[name].float().cpu() - tensor).abs().max()) for name, tensor in full.items())
+        yield worker, train, rollout, batch
+
+
+def timed_sync(worker, train, rollout) -> tuple[object, float, float]:
+    """A warm-up sync, then a timed one: (its SyncStats, seconds, the largest difference between a synced
+    tensor of the rollout copy and the actor's)."""
+    worker.sync_weights("actor")
+    start = synced()
+    stats = worker.sync_weights("actor")
+    seconds = synced() - start
+    copied = rollout.model.state_dict()
+    gap = max(float((copied[name].float().cpu() - tensor.float().cpu()).abs().max())
+              for name, tensor in train.named_weights())
+    return stats, seconds, gap
+
+
+def check_weight_sync(args) -> None:
+    """FSDP2 actor + an hf rollout engine with its own copy on the same device: sync, offload, onload."""
+    from hybridflow.runtime.engines import SamplingParams
+
+    with actor_beside_a_rollout_copy(args) as (worker, train, rollout, batch):
+        stats, sync_s, gap = timed_sync(worker, train, rollout)
         held = torch.cuda.memory_allocated() if on_cuda() else 0
         start = synced()
         worker.offload("actor", ["params", "optimizer"])
@@ -395,12 +415,22 @@ def check_lora(args) -> None:
     if "lora_rank" not in PPOConfig.model_fields:
         row("lora", "skipped", reason="this checkout's PPOConfig has no lora_rank")
         return
+    from hybridflow.runtime.engines.lora import LoraSettings
+
     with tempfile.TemporaryDirectory() as tmp:
         full = trainer_run(args, Path(tmp), algorithm="grpo")
         lora = trainer_run(args, Path(tmp), algorithm="grpo", lora_rank=16, lora_alpha=32, actor_lr=1e-4)
+    syncs = {}
+    for name, settings in (("full", None), ("lora", LoraSettings(rank=16, alpha=32))):
+        reset_peak()
+        with actor_beside_a_rollout_copy(args, settings) as (worker, train, rollout, _):
+            stats, seconds, gap = timed_sync(worker, train, rollout)
+        assert stats.bytes > 0 and gap == 0.0, (name, stats, gap)
+        syncs[name] = (stats.bytes / 2**20, seconds)
     row("lora", "ok", model=args.size, full_step_s=full["step_s"], lora_step_s=lora["step_s"],
-        full_sync_mb=full["sync_mb"], lora_sync_mb=lora["sync_mb"], full_sync_s=full["sync_s"], lora_sync_s=lora["sync_s"],
-        full_peak_gib=full["peak_gib"], lora_peak_gib=lora["peak_gib"])
+        full_peak_gib=full["peak_gib"], lora_peak_gib=lora["peak_gib"],
+        full_sync_mb=round(syncs["full"][0], 2), lora_sync_mb=round(syncs["lora"][0], 2),
+        full_sync_s=round(syncs["full"][1], 4), lora_sync_s=round(syncs["lora"][1], 4))
 
 
 def check_vllm(args) -> None:

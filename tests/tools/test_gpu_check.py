@@ -32,7 +32,7 @@ def rows_of(gpu_check, argv, tmp_path) -> tuple[int, dict]:
 
 
 def test_the_checks_run_on_the_cpu(gpu_check, tmp_path, capsys):
-    checks = ["env", "train-engine", "fsdp2", "nccl", "weight-sync", "grpo"]
+    checks = ["env", "train-engine", "fsdp2", "nccl", "weight-sync", "grpo", "packing", "lora"]
     code, rows = rows_of(gpu_check, ["--device", "cpu", "--size", "tiny", *SMALL, "--only", *checks], tmp_path)
     assert code == 0 and list(rows) == checks and all(r["status"] == "ok" for r in rows.values()), rows
     assert rows["fsdp2"]["metric_vs_plain_max_abs"] < 1e-5  # fp32 on the CPU: one rank's FSDP2 step is the plain step
@@ -40,6 +40,8 @@ def test_the_checks_run_on_the_cpu(gpu_check, tmp_path, capsys):
     sync = rows["weight-sync"]
     assert sync["rollout_vs_train_max_abs"] == 0.0 and sync["sync_mb"] > 0 and sync["buckets"] >= 1
     assert rows["grpo"]["steps"] == 2 and rows["grpo"]["devices"] == ["cpu"]
+    assert float(rows["packing"]["fp32_logprob_packed_vs_padded_max_abs"]) < 1e-5
+    assert 0 < rows["lora"]["lora_sync_mb"] < rows["lora"]["full_sync_mb"]  # adapters only
     table = capsys.readouterr().out
     assert "| check | status | figures |" in table and "| fsdp2 | ok |" in table
 
