@@ -80,7 +80,8 @@ def run_variant(name: str, fields: dict, args, model: Path, work: Path) -> dict 
     spec = {"model": str(model), "out": str(work / name.replace("+", "_")), "threads": args.threads,
             "prompts": args.prompts, "n": args.n, "tokens": args.tokens, "micro": args.micro, "steps": args.steps,
             "fields": fields}
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
+    path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
