@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import importlib.util
 import json
 import os
@@ -92,6 +93,7 @@ def synced() -> float:
 
 
 def reset_peak() -> None:
+    gc.collect()  # an earlier check's engines, held in reference cycles, would count in the next one's peak
     if on_cuda():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
