@@ -32,7 +32,10 @@ on this machine (vLLM or flash-attention not installed, one GPU for a two-GPU co
 8. ``lora``: where the trainer has ``lora_rank``: GRPO steps with LoRA adapters (rank 16) on ``cuda:0``
    against the full fine-tune's: seconds per step and peak memory; and the sync of check 4 (an FSDP2 actor
    into its rollout copy), full weights against adapters only: megabytes and seconds.
-9. ``vllm``: where vLLM is installed: generation on CUDA, sleep / wake, and a same-device weight update.
+9. ``vllm``: where vLLM is installed: GRPO steps with the vLLM rollout engine colocated with the actor
+   (sleep mode on CUDA: it sleeps through the update and wakes for generation) and the weight update into it
+   on the same device after every step, full weights and then LoRA adapters (as LoRA requests): seconds per
+   step, sync megabytes and seconds, peak memory.
 
 Figures are from one run on whatever else the machine is doing; ratios inside a row compare two
 measurements of the same run.
@@ -436,14 +439,21 @@ def check_lora(args) -> None:
 
 
 def check_vllm(args) -> None:
+    """GRPO steps with the vLLM rollout engine beside the actor (sleep mode on CUDA), full weights and then LoRA
+    adapters synced into it after every update."""
     if importlib.util.find_spec("vllm") is None:
         row("vllm", "skipped", reason="vLLM is not installed in this Python")
         return
+    options = {"sleep_mode": True, "gpu_memory_utilization": 0.3} if on_cuda() else {"kv_cache_gib": 1}
+    vllm = dict(rollout_engine="vllm", rollout_engine_options={**options, "max_model_len": 256})
     with tempfile.TemporaryDirectory() as tmp:
-        figures = trainer_run(args, Path(tmp), algorithm="grpo", rollout_engine="vllm",
-                              rollout_engine_options={"sleep_mode": True, "gpu_memory_utilization": 0.3,
-                                                      "max_model_len": 256})
-    row("vllm", "ok", model=args.size, **figures)
+        full = trainer_run(args, Path(tmp), algorithm="grpo", **vllm)
+        lora = trainer_run(args, Path(tmp), algorithm="grpo", lora_rank=16, lora_alpha=32, actor_lr=1e-4, **vllm)
+    assert full["sync_mb"] > 0 and 0 < lora["sync_mb"] < full["sync_mb"], (full, lora)
+    row("vllm", "ok", model=args.size, sleep_mode=on_cuda(), full_step_s=full["step_s"], full_gen_s=full["gen_s"],
+        full_sync_mb=full["sync_mb"], full_sync_s=full["sync_s"], lora_step_s=lora["step_s"],
+        lora_sync_mb=lora["sync_mb"], lora_sync_s=lora["sync_s"], full_peak_gib=full["peak_gib"],
+        lora_peak_gib=lora["peak_gib"])
 
 
 CHECKS = {"env": check_env, "train-engine": check_train_engine, "fsdp2": check_fsdp2, "nccl": check_nccl,
