@@ -10,26 +10,9 @@ pytest.importorskip("peft", reason="LoRA needs peft (pip install hybridflow[lora
 from hybridflow.runtime.engines.base_view import BaseModelView  # noqa: E402
 from hybridflow.runtime.engines.lora import adapter_names  # noqa: E402
 from hybridflow.trainer import Trainer  # noqa: E402
+from run_testkit import StopAt, learned  # noqa: E402
 
 LORA = dict(lora_rank=4, lora_alpha=8.0, actor_lr=5e-3, kl_coef=0.01)
-
-
-class StopAt:
-    """A tracker that interrupts the run when asked to log ``step`` (a kill during that step)."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def log(self, metrics, step):
-        if step == self.step:
-            raise KeyboardInterrupt
-
-    def close(self):
-        pass
-
-
-def _learned(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
 
 
 def _ppo(fast_config, out, trackers=None, **kw):
@@ -67,7 +50,7 @@ def test_lora_run_shares_the_base_weights_and_resumes_the_same_steps(fast_config
     resumed = resumed_trainer.train()
     assert resumed_trainer.resumed_from.name == "step_00000002" and len(resumed) == 2
     for step, (a, b) in enumerate(zip(full[2:], resumed), start=3):
-        a, b = _learned(a), _learned(b)
+        a, b = learned(a), learned(b)
         assert a.keys() == b.keys()
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), f"step {step}: {key}"

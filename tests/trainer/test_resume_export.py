@@ -9,24 +9,7 @@ import torch
 from hybridflow.errors import CheckpointError, ConfigError, OutputDirError
 from hybridflow.trainer import PPOTrainer, SafeRLHFTrainer, Trainer
 from hybridflow.trainer.metrics import JsonlTracker
-
-
-class StopAt:
-    """A tracker that interrupts the run when asked to log ``step`` (as a kill during that step would)."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def log(self, metrics, step):
-        if step == self.step:
-            raise KeyboardInterrupt
-
-    def close(self):
-        pass
-
-
-def _learned(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
+from run_testkit import StopAt, learned
 
 
 def _run_config(fast_config, out, **kw):
@@ -44,7 +27,7 @@ def test_resume_after_step_3_reproduces_steps_4_to_6(fast_config, tmp_path):
     assert resumed_trainer.resumed_from.name == "step_00000003"
     assert len(full) == 6 and len(resumed) == 3
     for step, (a, b) in enumerate(zip(full[3:], resumed), start=4):
-        assert _learned(a) == _learned(b), f"step {step} differs"
+        assert learned(a) == learned(b), f"step {step} differs"
     assert any(a["actor/pg_loss"] != full[3]["actor/pg_loss"] for a in full[4:])  # the metrics do move
     # the resumed metrics file has each step once, as the uninterrupted one
     steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
@@ -62,7 +45,7 @@ def test_safe_rlhf_resume_continues_the_lagrange_multiplier(fast_config, tmp_pat
     resumed = SafeRLHFTrainer(config=_run_config(fast_config, tmp_path / "cut", **safe)).train()
     assert len(full) == 6 and len(resumed) == 3
     for step, (a, b) in enumerate(zip(full[3:], resumed), start=4):
-        assert _learned(a) == _learned(b), f"step {step} differs"
+        assert learned(a) == learned(b), f"step {step} differs"
     assert resumed[0]["safe/lagrange_lambda"] != 0.2 and len({m["safe/lagrange_lambda"] for m in full}) == 6
 
 
