@@ -17,7 +17,7 @@ from hybridflow.algorithms import GRPOTrainer  # noqa: E402
 from hybridflow.runtime.engines import SamplingParams  # noqa: E402
 from hybridflow.trainer.metrics import JsonlTracker  # noqa: E402
 
-from test_resume_export import StopAt, _learned  # noqa: E402
+from run_testkit import StopAt, learned  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -68,7 +68,7 @@ def test_a_vllm_run_resumes_bit_for_bit(fast_config, llama_dir, tmp_path):
     assert resumed_trainer.resumed_from.name == "step_00000002"
     assert len(resumed) == 2
     for step, (a, b) in enumerate(zip(full[2:], resumed), start=3):
-        assert _learned(a) == _learned(b), f"step {step} differs"
+        assert learned(a) == learned(b), f"step {step} differs"
 
 
 def test_grpo_with_vllm_rollouts_on_ray_one_step_off_policy(fast_config, llama_dir, tmp_path):
