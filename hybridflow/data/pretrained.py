@@ -121,6 +121,10 @@ def _from_hub(what: str, name: str, loader: Callable[..., Any], **kwargs: Any) -
         offline = True  # cached: load it without the minute of retries
     if offline:
         kwargs["local_files_only"] = True
+        if what == "model":
+            # transformers (5.x) looks for a peft adapter_config.json of a hub name without passing
+            # local_files_only on, which retries the unreachable hub for about 20 s before giving up
+            kwargs["adapter_kwargs"] = {**kwargs.get("adapter_kwargs", {}), "local_files_only": True}
     try:
         return loader(name, **kwargs)
     except (OSError, ValueError) as e:
