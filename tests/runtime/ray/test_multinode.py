@@ -41,7 +41,10 @@ def cluster(own_ray, tmp_path_factory):
     from ray.cluster_utils import Cluster
 
     start = time.perf_counter()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    # Ray declares a raylet dead after its health checks fail: by default 5 misses 3 s apart (~15-30 s, which the
+    # restart after the lost node waits out); here 3 misses 1 s apart, each allowed 3 s to answer on a loaded machine
+    health = {"health_check_period_ms": 1000, "health_check_timeout_ms": 3000, "health_check_failure_threshold": 3}
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False, "_system_config": health})
     workers = [c.add_node(num_cpus=1) for _ in range(2)]
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
     c.wait_for_nodes()
