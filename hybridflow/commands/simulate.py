@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     _apply_workload_preset(args)
     engines = parse_engines(args.engine)
-    graph = load_graph(args.algorithm, args.overrides, args.imports)
+    graph = load_graph(args.algorithm, args.overrides_set, args.imports)
     overrides, batch = parse_models(args.models), batch_from_args(args)
     actor = actor_role(graph)
     models = [parse_model(m.strip()) for m in args.actor_models.split(",") if m.strip()]

@@ -227,9 +227,10 @@ def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
                 if layout is not None and (layout.tp > 1 or layout.pp > 1)]
     if parallel:
         raise BindError(f"the plan shards {', '.join(parallel)} with tensor or pipeline parallelism, which hybridflow's "
-                        "runtime does not run (it runs data parallelism with FSDP2); such a plan is a cost study: "
-                        "compile it for this machine (hybridflow compile CONFIG.yaml --cluster local|ray) or with "
-                        "layouts dpN·tp1·pp1, e.g. placement 'actor(dp2,tp1,pp1)+ref@2;...'")
+                        "runtime does not run (it runs data parallelism with FSDP2); such a plan is a cost study. "
+                        "Place the roles with layouts dpN·tp1·pp1 (e.g. 'actor(dp2,tp1,pp1)+ref@2;...') or let "
+                        "placement auto choose: compiled for this machine (hybridflow compile CONFIG.yaml --cluster "
+                        "local|ray) it considers data-parallel layouts only")
     pools, problems = [], []
     for pool in plan.pools:
         slots = pool.slots or pool.devices
@@ -269,7 +270,7 @@ def executable_options(options: CostOptions | None) -> CostOptions:
 def compile_report_for(graph, models, *, machine: Machine | None = None, cluster: ClusterSpec | None = None,
                        placement="colocate", staleness: int = 0, batch=None, options: CostOptions | None = None,
                        engines: tuple[str, ...] = RUNTIME_TRAIN_ENGINES, debug: bool | None = None,
-                       hooks: tuple = ()) -> CompileReport:
+                       hooks: tuple = (), bound: bool = True) -> CompileReport:
     """Compile for ``machine`` (default: :func:`local_machine`) a plan its runtime executes, and :func:`bind` it.
 
     The one path from a graph to a plan an executor runs (the trainer's run spec, ``hybridflow compile
@@ -277,7 +278,7 @@ def compile_report_for(graph, models, *, machine: Machine | None = None, cluster
     sees it (calibrated; default :meth:`Machine.cluster`). ``models`` is what :func:`~.compile.compile` takes;
     reward and cost roles it does not name are rule functions (``"rule"``, costing nothing) rather than copies of
     the actor's model. Only layouts the runtime runs are considered (:func:`executable_options`). The report's
-    plan is bound.
+    plan is bound, unless ``bound`` is False (a plan for a cluster preset: the run that executes it binds it).
     """
     from .compile import _as_graph, compile_report
     from .passes.lower import actor_role
@@ -290,7 +291,7 @@ def compile_report_for(graph, models, *, machine: Machine | None = None, cluster
     report = compile_report(graph, cluster or machine.cluster(), models, placement=placement, staleness=staleness,
                             batch=batch, options=executable_options(options), engines=engines, debug=debug,
                             hooks=hooks)
-    return replace(report, plan=bind(report.plan, machine))
+    return replace(report, plan=bind(report.plan, machine)) if bound else report
 
 
 def compile_for(graph, models, *, machine: Machine | None = None, placement="colocate", staleness: int = 0,

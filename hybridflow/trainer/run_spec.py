@@ -96,11 +96,13 @@ class RunSpec:
         """Where ``role``'s engines load its model from (None: a function scores)."""
         return self.models[role].source
 
-    def compile(self, *, debug: bool | None = None, hooks: tuple = ()) -> CompileReport:
-        """Compile the graph for the machine with this spec and bind it: the report's plan is the one a run executes."""
+    def compile(self, *, debug: bool | None = None, hooks: tuple = (), bound: bool = True) -> CompileReport:
+        """Compile the graph for the machine with this spec and bind it: the report's plan is the one a run executes
+        (``bound=False``: left unbound, for a cluster preset that is not this machine)."""
         return compile_report_for(self.graph, self.model_specs(), machine=self.machine, cluster=self.cluster,
                                   placement=self.placement, staleness=self.staleness, batch=self.batch,
-                                  options=self.options, engines=self.train_engines, debug=debug, hooks=hooks)
+                                  options=self.options, engines=self.train_engines, debug=debug, hooks=hooks,
+                                  bound=bound)
 
 
 def model_sources(config: PPOConfig, graph: Graph, actor_path: str, reward_source: Any = None) -> dict[str, str | None]:
