@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, GraphError
 
-__all__ = ["add_arguments", "add_import_argument", "ALGO_HELP", "run", "is_run_config", "machine_for", "add_model_arguments",
+__all__ = ["add_arguments", "add_import_argument", "ALGO_HELP", "run", "machine_for", "add_model_arguments",
            "add_batch_arguments", "add_engine_argument", "parse_engines", "parse_models", "batch_from_args", "load_graph",
            "summary_lines"]
 
@@ -141,11 +141,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                          "--placement auto, one run of the passes per scheduled candidate, in order)")
 
 
-def is_run_config(source: str) -> bool:
-    """Whether the positional argument names a YAML run file rather than an algorithm."""
-    return Path(source).suffix.lower() in (".yaml", ".yml")
-
-
 def _seconds(value: float | None) -> str:
     value = value or 0.0
     return f"{value:.1f} s" if value >= 10 else f"{value:.3g} s"
@@ -203,7 +198,9 @@ def write_plan(plan, out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_run_config(args.algorithm):
+    from .run_file import is_run_file
+
+    if is_run_file(args.algorithm):
         from .compile_config import run as run_config
 
         return run_config(args)

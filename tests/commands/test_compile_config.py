@@ -74,7 +74,7 @@ def test_the_algorithm_forms_flags_are_refused_for_a_config_with_the_field_to_us
              (["--prompts", "8"], "--prompts (rollout_batch_size=...)"),
              (["--set", "n=4"], "--set (n_samples=..., kl_coef=...)"),
              (["--cluster", "a100-80g:1", "--cpu-slots", "2"], "--cpu-slots applies to --cluster local or ray"),
-             (["plan=x.json"], "drop it to compile the config")]
+             (["plan=x.json"], "drop it to plan with the config")]
     for extra, message in cases:
         assert main(["compile", config, *extra, "-o", str(tmp_path / "x.json")]) == 1, extra
         assert message in capsys.readouterr().err, extra
