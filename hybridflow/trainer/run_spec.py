@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..capabilities import RUNTIME_TRAIN_ENGINES
-from ..compiler.calibrate import engine_cost_options
+from ..compiler.calibrate import calibrated_cluster, engine_cost_options
 from ..compiler.cluster import ClusterSpec
 from ..compiler.compile import CompileReport
 from ..compiler.cost import CostOptions
@@ -36,6 +36,7 @@ from ..compiler.machine import Machine, compile_report_for
 from ..compiler.models import ModelSpec
 from ..compiler.passes import BatchShape
 from ..compiler.passes.lower import RULE, parse_model
+from ..compiler.profiling import Profile
 from ..errors import ConfigError, ModelLoadError
 from ..graph import Graph
 from ..graph.analysis import samples_per_prompt
@@ -83,10 +84,16 @@ class RunSpec:
     train_engines: tuple[str, ...]
     options: CostOptions
     cluster: ClusterSpec
-    """The machine's cluster, calibrated when ``calibrated``."""
-    calibrated: bool
+    """The machine's cluster, fitted to ``profiles`` when there are some."""
+    profiles: tuple[tuple[Profile, bool], ...]
+    """Calibration's measurements of the run's models here, each with whether it came from the cache (empty: the
+    cluster has datasheet figures)."""
     placement: Any
     staleness: int
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.profiles)
 
     def model_specs(self) -> dict[str, ModelSpec | str]:
         """Role -> what the compiler costs for it."""
@@ -174,11 +181,11 @@ def _cost_options(config: PPOConfig, machine: Machine, responses: int, real_seq_
     return options.model_copy(update=update)
 
 
-def _calibrated(config: PPOConfig, machine: Machine, models: Mapping[str, RoleModel],
-                options: CostOptions) -> ClusterSpec | None:
-    """The machine's cluster fitted to the run's model folders profiled on one of its devices (cached); None when
-    ``calibrate`` is off, the run executes a plan compiled earlier (``plan=``: its times are that compile's), the
-    GPUs are not visible here, or a model is not a local folder."""
+def _calibration(config: PPOConfig, machine: Machine, models: Mapping[str, RoleModel],
+                 options: CostOptions) -> tuple[ClusterSpec, tuple[tuple[Profile, bool], ...]] | None:
+    """The machine's cluster fitted to the run's model folders profiled on one of its devices (cached), with the
+    profiles; None when ``calibrate`` is off, the run executes a plan compiled earlier (``plan=``: its times are
+    that compile's), the GPUs are not visible here, or a model is not a local folder."""
     if not config.calibrate or config.plan:
         return None
     import torch
@@ -191,7 +198,7 @@ def _calibrated(config: PPOConfig, machine: Machine, models: Mapping[str, RoleMo
         log.info("calibrate: not every model is a local folder (%s); the cost model uses datasheet figures",
                  ", ".join(f"{r}={p}" for r, p in folders.items()))
         return None
-    from ..runtime.calibration import calibrate
+    from ..runtime.calibration import run_profiles
 
     device = "cuda:0" if machine.kind == "cuda" else "cpu"
     with torch.random.fork_rng(devices=[]):  # profiling builds models: the run's random stream must not move
@@ -199,9 +206,10 @@ def _calibrated(config: PPOConfig, machine: Machine, models: Mapping[str, RoleMo
         # the threads the slots will run with: locally this process's (set_process_threads chose them); on Ray the slot's
         used = config.num_threads or (threads if config.executor == "local" else machine.threads_per_slot)
         try:
-            return calibrate(machine.cluster(), folders, device=device, threads=used, options=options)
+            profiles = tuple(run_profiles(folders, device=device, threads=used))
         finally:
             torch.set_num_threads(threads)
+    return calibrated_cluster(machine.cluster(), [p for p, _ in profiles], options), profiles
 
 
 def _placement(config: PPOConfig, graph: Graph, machine: Machine):
@@ -228,11 +236,12 @@ def derive(config: PPOConfig, graph: Graph, machine: Machine, inputs: RunInputs,
                        mini_batches=math.ceil(responses / (config.batch_size or responses)))
     options = _cost_options(config, machine, responses, _real_seq_len(config, prompts, inputs.max_response_length))
     # calibration fits the engines' own factors: the CPU's log-prob reuse does not enter the fit
-    cluster = _calibrated(config, machine, models, options.model_copy(update={"reuse_rollout_log_probs": False}))
+    found = _calibration(config, machine, models, options.model_copy(update={"reuse_rollout_log_probs": False}))
+    cluster, profiles = found or (machine.cluster(), ())
     return RunSpec(graph=graph, machine=machine, models=models, batch=batch, responses=responses,
                    rollout_engine=config.rollout_engine, train_engines=RUNTIME_TRAIN_ENGINES, options=options,
-                   cluster=cluster or machine.cluster(), calibrated=cluster is not None,
-                   placement=_placement(config, graph, machine), staleness=config.staleness)
+                   cluster=cluster, profiles=profiles, placement=_placement(config, graph, machine),
+                   staleness=config.staleness)
 
 
 def set_process_threads(config: PPOConfig, machine: Machine) -> None:
