@@ -15,7 +15,7 @@ from .errors import HybridflowError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "viz": ("hybridflow.commands.viz", "draw an algorithm graph, a compiled plan, or a run's trace"),
-    "compile": ("hybridflow.commands.compile", "compile an algorithm for a cluster into an ExecutionPlan (placement, schedule)"),
+    "compile": ("hybridflow.commands.compile", "compile a run file (the plan 'run' would run) or an algorithm for a cluster into an ExecutionPlan"),
     "profile": ("hybridflow.commands.profile", "measure a model on this machine and fit the cost model's factors to it"),
     "simulate": ("hybridflow.commands.simulate", "predicted iteration time per cluster size: colocate, split, standalone, auto"),
     "quickstart": ("hybridflow.trainer.quickstart", "the seed article's minimal PPO on a tiny model, on CPU, in minutes"),

@@ -1,10 +1,17 @@
-"""``hybridflow compile ALGO --cluster PRESET[:NODES] --model ROLE=MODEL ... -o plan.json``.
+"""``hybridflow compile``: a graph and a cluster in, an ExecutionPlan (JSON) out. Two forms:
 
-ALGO is a built-in algorithm (``ppo``, ``grpo``, ...), ``package.module:function`` or a
-graph JSON file; ``--import MODULE`` imports a module (custom ops) first.
-Prints the placement search time, the chosen placement and the predicted
-iteration, and writes the ExecutionPlan as JSON (``hybridflow viz plan.json``
-draws it). Shared argument helpers (models, batch) are used by
+* ``hybridflow compile CONFIG.yaml [key=value ...] [--cluster local|ray|PRESET[:NODES]] -o plan.json`` compiles
+  the plan ``hybridflow run CONFIG.yaml [key=value ...]`` would run: the same graph, models, batch shape,
+  calibration and executable layouts, derived by the same run spec
+  (:func:`~hybridflow.trainer.run_spec.derive`; see :mod:`.compile_config`); ``hybridflow run CONFIG.yaml
+  plan=plan.json`` runs it.
+* ``hybridflow compile ALGO --cluster PRESET[:NODES] --model ROLE=MODEL ... -o plan.json`` compiles a built-in
+  algorithm (``ppo``, ``grpo``, ...), ``package.module:function`` or a graph JSON file for models and a workload
+  given by flags: a cost study. ``--import MODULE`` imports a module (custom ops) first. With ``--cluster local``
+  or ``ray`` the plan is compiled for, and bound to, that machine with the layouts its runtime runs.
+
+Both print the placement search time, the chosen placement and the predicted iteration, and write the plan
+(``hybridflow viz plan.json`` draws it). Shared argument helpers (models, batch) are used by
 ``hybridflow simulate`` too.
 
 Keep module-level imports light: this module is imported by ``hybridflow --help``.
@@ -16,8 +23,13 @@ from pathlib import Path
 
 from ..errors import ConfigError, GraphError
 
-__all__ = ["add_arguments", "add_import_argument", "ALGO_HELP", "run", "machine_cluster", "add_model_arguments", "add_batch_arguments", "add_engine_argument",
-           "parse_engines", "parse_models", "batch_from_args", "load_graph"]
+__all__ = ["add_arguments", "add_import_argument", "ALGO_HELP", "run", "machine_for", "add_model_arguments",
+           "add_batch_arguments", "add_engine_argument", "parse_engines", "parse_models", "batch_from_args", "load_graph",
+           "summary_lines"]
+
+ALGO_DEFAULTS = {"cluster": "a100-80g:1", "placement": "auto", "staleness": 0, "engine": "fsdp", "prompts": 1024,
+                 "prompt_len": 1024, "response_len": 1024, "epochs": 1, "mini_batches": 4}
+"""The ALGO form's defaults for the flags a CONFIG.yaml takes from the config instead."""
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +45,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--response-len", type=int, default=1024, help="tokens per response")
     group.add_argument("--epochs", type=int, default=1, help="epochs of every update over the batch")
     group.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per epoch")
-    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    group.add_argument("--set", dest="overrides_set", action="append", default=[], metavar="KEY=VALUE",
                        help="override an algorithm attribute, e.g. --set n=4 (VALUE read as JSON, else as a string)")
 
 
@@ -99,32 +111,45 @@ def load_graph(source: str, overrides: list[str], imports: list[str] = ()):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("algorithm", metavar="ALGO", help=ALGO_HELP)
+    parser.add_argument("algorithm", metavar="CONFIG.yaml|ALGO",
+                        help="a run file (as for 'hybridflow run': compiles the plan that run would run), or " + ALGO_HELP)
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="CONFIG.yaml: field overrides, as 'hybridflow run' takes them (e.g. n_samples=8 placement=split)")
     add_import_argument(parser)
-    parser.add_argument("--cluster", default="a100-80g:1", metavar="PRESET[:NODES]",
-                        help="a100-80g, h100-80g, h200 (nodes of 8) or cpu-local, with a node count: a100-80g:16; "
-                             "'local': this machine (its GPUs, or --cpu-slots CPU slots); 'ray': the Ray cluster "
-                             "at RAY_ADDRESS (or a local one)")
+    parser.add_argument("--cluster", default=None, metavar="local|ray|PRESET[:NODES]",
+                        help="'local': this machine (its GPUs, or --cpu-slots CPU slots); 'ray': the Ray cluster at "
+                             "RAY_ADDRESS or the config's ray_address (or a local one); a preset a100-80g, h100-80g, h200 "
+                             "(nodes of 8) or cpu-local with a node count, e.g. a100-80g:16 (a cost study). Default: "
+                             "the config's executor for CONFIG.yaml, a100-80g:1 for ALGO")
     parser.add_argument("--cpu-slots", type=int, default=None, metavar="N",
                         help="--cluster local/ray without GPUs: cut the CPU into N device slots (the run's cpu_slots)")
     add_model_arguments(parser)
-    parser.add_argument("--placement", default="auto",
-                        help="auto | colocate | split | standalone | a pool spec 'actor+ref@8;critic+reward@8' "
-                             "(ROLE.generate@N: a rollout pool of its own) | a device map 'actor=cuda:0,critic=cuda:1'")
-    parser.add_argument("--staleness", type=int, default=0, metavar="K",
-                        help="overlap generation of iteration i+K with iteration i (needs a rollout pool of its own)")
+    parser.add_argument("--placement", default=None,
+                        help="ALGO: auto | colocate | split | standalone | a pool spec 'actor+ref@8;critic+reward@8' "
+                             "(ROLE.generate@N: a rollout pool of its own) | a device map 'actor=cuda:0,critic=cuda:1' "
+                             "(default auto; CONFIG.yaml: placement=...)")
+    parser.add_argument("--staleness", type=int, default=None, metavar="K",
+                        help="ALGO: overlap generation of iteration i+K with iteration i (needs a rollout pool of its own)")
     add_engine_argument(parser)
     add_batch_arguments(parser)
-    parser.add_argument("-o", "--output", metavar="PLAN.json", help="where to write the plan (default: ALGO.plan.json)")
+    parser.set_defaults(engine=None, prompts=None, prompt_len=None, response_len=None, epochs=None, mini_batches=None)
+    parser.add_argument("-o", "--output", metavar="PLAN.json",
+                        help="where to write the plan (default: ALGO.plan.json, or CONFIG.plan.json beside no file)")
     parser.add_argument("--text", action="store_true", help="also print the plan's text form")
     parser.add_argument("--debug", action="store_true", help="verify the plan after every pass (names the pass that breaks it)")
     parser.add_argument("--dump-ir", metavar="DIR", help="write the plan's text after every pass into DIR (NN-PASS.txt; with "
                                                          "--placement auto, one run of the passes per scheduled candidate, in order)")
 
 
-def _summary(report) -> list[str]:
+def _seconds(value: float | None) -> str:
+    value = value or 0.0
+    return f"{value:.1f} s" if value >= 10 else f"{value:.3g} s"
+
+
+def summary_lines(report) -> list[str]:
+    """The chosen placement, its predicted iteration, each pool's roles and layouts, and the candidates tried."""
     plan = report.plan
-    lines = [f"placement {plan.strategy}: predicted iteration {plan.predicted_iteration_s:.1f} s"]
+    lines = [f"placement {plan.strategy}: predicted iteration {_seconds(plan.predicted_iteration_s)}"]
     for pool in plan.pools:
         members = [p for p in plan.placements if p.pool == pool.name or p.generation_pool == pool.name]
         parts = []
@@ -137,49 +162,72 @@ def _summary(report) -> list[str]:
         flag = ", offload" if pool.offload else ""
         lines.append(f"  {pool.name} ({len(pool.devices)} devices{flag}): " + "; ".join(parts))
     if len(report.candidates) > 1:
-        tried = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in report.candidates)
+        tried = ", ".join(f"{label} {_seconds(seconds)}" for label, seconds in report.candidates)
         lines.append(f"  scheduled candidates: {tried}")
     return lines
 
 
-def machine_cluster(name: str, cpu_slots: int | None = None):
-    """The ClusterSpec of ``--cluster``: a preset, or the machine at hand ('local'; 'ray': the Ray cluster)."""
-    from ..compiler.cluster import ClusterSpec
+def machine_for(name: str, cpu_slots: int | None = None):
+    """The Machine of ``--cluster local`` (this machine) or ``ray`` (the Ray cluster at RAY_ADDRESS, or a local one)."""
     from ..compiler.machine import local_machine, ray_machine
 
     if name == "local":
-        return local_machine(cpu_slots).cluster()
-    if name == "ray":
-        import os
+        return local_machine(cpu_slots)
+    import os
 
-        from ..runtime.ray.cluster import connect
+    from ..runtime.ray.cluster import connect
 
-        connect(os.environ.get("RAY_ADDRESS"))
-        return ray_machine(cpu_slots).cluster()
-    if cpu_slots is not None:
-        raise ConfigError("--cpu-slots applies to --cluster local or ray")
-    return ClusterSpec.parse(name)
+    connect(os.environ.get("RAY_ADDRESS"))
+    return ray_machine(cpu_slots)
+
+
+def _algo_defaults(args: argparse.Namespace) -> None:
+    """The ALGO form's defaults for the flags left unset (:data:`ALGO_DEFAULTS`); key=value overrides are refused."""
+    if args.overrides:
+        raise ConfigError(f"key=value overrides ({' '.join(args.overrides)}) are for a CONFIG.yaml; an algorithm's "
+                          "attributes are set with --set KEY=VALUE")
+    for name, value in ALGO_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def write_plan(plan, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(plan.to_json())
+    print(f"wrote {out}")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compiler.compile import IRDump, compile_report
+    from .run_file import is_run_file
 
-    graph = load_graph(args.algorithm, args.overrides, args.imports)
+    if is_run_file(args.algorithm):
+        from .compile_config import run as run_config
+
+        return run_config(args)
+    from ..compiler.cluster import ClusterSpec
+    from ..compiler.compile import IRDump, compile_report
+    from ..compiler.machine import compile_report_for
+
+    _algo_defaults(args)
+    graph = load_graph(args.algorithm, args.overrides_set, args.imports)
     models = parse_models(args.models)
     if not models:
-        raise ConfigError("give the models: --model actor=llama2-7b [critic=... ref=... reward=...|rule]")
+        raise ConfigError("give the models: --model actor=llama2-7b [critic=... ref=... reward=...|rule], or compile "
+                          "a run file: hybridflow compile CONFIG.yaml --cluster local")
     hooks = (IRDump(Path(args.dump_ir)),) if args.dump_ir else ()
-    cluster = machine_cluster(args.cluster, args.cpu_slots)
-    report = compile_report(graph, cluster, models, placement=args.placement, staleness=args.staleness,
-                            batch=batch_from_args(args), debug=args.debug or None, hooks=hooks,
-                            engines=parse_engines(args.engine))
-    print(f"compiled {graph.name} for {cluster.describe()} in {report.seconds:.2f} s; "
-          f"placement search took {report.search_s:.2f} s")
-    print("\n".join(_summary(report)))
+    settings = dict(placement=args.placement, staleness=args.staleness, batch=batch_from_args(args),
+                    debug=args.debug or None, hooks=hooks, engines=parse_engines(args.engine))
+    if args.cluster in ("local", "ray"):  # a plan this machine runs: executable layouts, bound to its devices
+        machine = machine_for(args.cluster, args.cpu_slots)
+        report, where = compile_report_for(graph, models, machine=machine, **settings), machine.describe()
+    else:
+        if args.cpu_slots is not None:
+            raise ConfigError("--cpu-slots applies to --cluster local or ray")
+        cluster = ClusterSpec.parse(args.cluster)
+        report, where = compile_report(graph, cluster, models, **settings), cluster.describe()
+    print(f"compiled {graph.name} for {where} in {report.seconds:.2f} s; placement search took {report.search_s:.2f} s")
+    print("\n".join(summary_lines(report)))
     if args.text:
         print(report.plan.to_text(), end="")
-    out = Path(args.output or f"{graph.name}.plan.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report.plan.to_json())
-    print(f"wrote {out}")
+    write_plan(report.plan, Path(args.output or f"{graph.name}.plan.json"))
     return 0

@@ -1,4 +1,6 @@
-"""``hybridflow simulate ALGO --models llama2-7b,llama2-70b --gpus 16,32,64,96,128``.
+"""``hybridflow simulate ALGO --models llama2-7b,llama2-70b --gpus 16,32,64,96,128`` or ``hybridflow simulate
+CONFIG.yaml [key=value ...] --gpus 8,16`` (the run file's graph, models, batch shape and cost options, as its run
+derives them: :func:`.run_file.run_file_spec`).
 
 For every model (the actor's, and by default every role's) and cluster size,
 prints the predicted iteration time of the fixed strategies (colocate, split,
@@ -25,6 +27,14 @@ from .compile import (ALGO_HELP, add_batch_arguments, add_import_argument, add_e
 
 __all__ = ["add_arguments", "run"]
 
+DEFAULT_ACTOR_MODELS = "llama2-7b,llama2-13b,llama2-34b,llama2-70b"
+_ALGO_FLAGS = {"actor_models": "--models (actor_model_name=...)", "models": "--model (the config's model fields)",
+               "engine": "--engine", "workload": "--workload", "prompts": "--prompts (rollout_batch_size=...)",
+               "prompt_len": "--prompt-len", "response_len": "--response-len (max_response_length=...)",
+               "epochs": "--epochs (ppo_epochs=...)", "mini_batches": "--mini-batches (batch_size=...)",
+               "overrides_set": "--set (n_samples=..., kl_coef=...)"}
+"""The algorithm form's flags, which a run file sets in its config instead."""
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -37,16 +47,20 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("algorithm", metavar="ALGO", help=ALGO_HELP)
+    parser.add_argument("algorithm", metavar="CONFIG.yaml|ALGO",
+                        help="a run file (its graph, models, batch shape and cost options, as the run derives them), or "
+                             + ALGO_HELP)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="CONFIG.yaml: field overrides, as for run")
     add_import_argument(parser)
-    parser.add_argument("--models", dest="actor_models", default="llama2-7b,llama2-13b,llama2-34b,llama2-70b",
-                        help="actor models, one table block each, comma-separated (roles default to the actor's model)")
+    parser.add_argument("--models", dest="actor_models", default=None,
+                        help="ALGO: actor models, one table block each, comma-separated (roles default to the actor's "
+                             f"model; default {DEFAULT_ACTOR_MODELS})")
     add_model_arguments(parser)
     parser.add_argument("--gpus", default="16,32,64,96,128", help="cluster sizes in devices, comma-separated")
     parser.add_argument("--cluster", default="a100-80g", metavar="PRESET", help="node type: a100-80g, h100-80g, h200")
     parser.add_argument("--brief", action="store_true", help="only the table, not each automatic placement's layouts")
     add_engine_argument(parser)
-    parser.add_argument("--workload", default="default", metavar="PRESET",
+    parser.add_argument("--workload", default=None, metavar="PRESET",
                         help="batch preset: default (1024 prompts, 1024+1024 tokens, 4 mini-batches) or paper (HybridFlow §8.1: "
                              "8 update iterations per PPO epoch); --prompts etc. override it")
     parser.add_argument("--network", default="default", metavar="PRESET",
@@ -59,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", default=None, metavar="STUDY",
                         help="print beside each cell the winner a study reports: paper (HybridFlow §8.3, Fig. 12)")
     add_batch_arguments(parser)
-    parser.set_defaults(prompts=None, prompt_len=None, response_len=None, epochs=None, mini_batches=None)
+    parser.set_defaults(engine=None, prompts=None, prompt_len=None, response_len=None, epochs=None, mini_batches=None)
 
 
 def _apply_workload_preset(args: argparse.Namespace) -> None:
@@ -73,34 +87,67 @@ def _apply_workload_preset(args: argparse.Namespace) -> None:
             setattr(args, arg, value)
 
 
-def run(args: argparse.Namespace) -> int:
+def _algorithm_study(args: argparse.Namespace):
+    """(graph, workload factory, actor models, batch, engines, options) of the ALGO form: models and workload from flags."""
+    from ..compiler.cost import CostOptions
     from ..compiler.models import ModelSpec
     from ..compiler.passes import lower_workload, resolve_models
     from ..compiler.passes.lower import actor_role, parse_model
-    from ..compiler.cost import CostOptions
-    from ..compiler.cluster import ClusterSpec
-    from ..compiler.simulate import agreement, apply_settings, format_scaling, format_table, simulate_table, strong_scaling
 
+    if args.overrides:
+        raise ConfigError(f"key=value overrides ({' '.join(args.overrides)}) are for a CONFIG.yaml; an algorithm's "
+                          "attributes are set with --set KEY=VALUE")
+    args.workload = args.workload or "default"
     _apply_workload_preset(args)
-    engines = parse_engines(args.engine)
-    graph = load_graph(args.algorithm, args.overrides, args.imports)
+    engines = parse_engines(args.engine or "fsdp")
+    graph = load_graph(args.algorithm, args.overrides_set, args.imports)
     overrides, batch = parse_models(args.models), batch_from_args(args)
     actor = actor_role(graph)
-    models = [parse_model(m.strip()) for m in args.actor_models.split(",") if m.strip()]
+    actor_models = args.actor_models or DEFAULT_ACTOR_MODELS
+    models = [parse_model(m.strip()) for m in actor_models.split(",") if m.strip()]
     if not models or None in models:
-        raise ConfigError(f"--models {args.actor_models!r}: give model presets or config.json paths, e.g. llama2-7b,llama2-70b")
+        raise ConfigError(f"--models {actor_models!r}: give model presets or config.json paths, e.g. llama2-7b,llama2-70b")
     if overrides.get(actor):
         raise ConfigError(f"--model {actor}=... is given by --models for this command; list the actor models there")
 
     def workload(spec: ModelSpec):
         return lower_workload(graph, resolve_models(graph, {**overrides, actor: spec}), batch).with_engines(engines)
 
-    cluster, options = apply_settings(ClusterSpec.parse(args.cluster), CostOptions(overlap_grad_reduce=args.overlap_grad_reduce),
-                                      args.settings)
+    options = CostOptions(overlap_grad_reduce=args.overlap_grad_reduce)
+    return graph, workload, models, batch, engines, options, f"workload {args.workload}"
+
+
+def _run_file_study(args: argparse.Namespace):
+    """The same for a run file: the graph, models, batch shape and cost options its run spec has on ``--cluster``."""
+    from ..compiler.passes import lower_workload, resolve_models
+    from ..compiler.passes.lower import actor_role
+    from .run_file import refuse_flags, run_file_spec
+
+    refuse_flags(args, _ALGO_FLAGS)
+    spec = run_file_spec(args.algorithm, args.overrides, args.imports, cluster=args.cluster).spec
+    graph, models = spec.graph, spec.model_specs()
+    actor = actor_role(graph)
+
+    def workload(actor_model):
+        return lower_workload(graph, resolve_models(graph, {**models, actor: actor_model}), spec.batch) \
+            .with_engines(spec.train_engines)
+
+    options = spec.options.model_copy(update={"overlap_grad_reduce": args.overlap_grad_reduce})
+    return graph, workload, [models[actor]], spec.batch, spec.train_engines, options, args.algorithm
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compiler.cluster import ClusterSpec
+    from ..compiler.simulate import agreement, apply_settings, format_scaling, format_table, simulate_table, strong_scaling
+    from .run_file import is_run_file
+
+    study = _run_file_study if is_run_file(args.algorithm) else _algorithm_study
+    graph, workload, models, batch, engines, options, source = study(args)
+    cluster, options = apply_settings(ClusterSpec.parse(args.cluster), options, args.settings)
     rows = simulate_table(workload, models, _ints(args.gpus), cluster, options, network=args.network)
     settings = "; assuming " + ", ".join(args.settings) if args.settings else ""
     print(f"{graph.name}: {batch.prompts} prompts x {batch.prompt_len} + {batch.response_len} tokens per iteration, "
-          f"{batch.epochs} epoch(s) of {batch.mini_batches} optimizer steps (workload {args.workload}), nodes of 8 {args.cluster}, "
+          f"{batch.epochs} epoch(s) of {batch.mini_batches} optimizer steps ({source}), nodes of 8 {args.cluster}, "
           f"network {args.network}, engine {','.join(engines)}{settings}; "
           f"predicted seconds per iteration "
           f"(OOM: no placement fits; * offloads; margin: runner-up fixed strategy's extra time)")

@@ -17,7 +17,9 @@ Main entry points (each module's docstring has the formulas and sources):
   that the name keeps meaning the module;
 - :class:`Machine`, :func:`local_machine`, :func:`ray_machine` and :func:`bind`
   (:mod:`.machine`): the devices a run has, and a compiled plan bound to them;
-  :func:`compile_for` compiles and binds in one call.
+  :func:`compile_for` (:func:`~.machine.compile_report_for`, with the search's report) compiles a plan the
+  runtime executes and binds it in one call; a run's plan is compiled through it from the run spec
+  (:mod:`hybridflow.trainer.run_spec`).
 """
 from .cluster import ClusterSpec
 from .cost import COST_RULES, CostOptions, CostRecord, estimate

@@ -144,9 +144,9 @@ class ClusterSpec(BaseModel):
         return cls.preset(name, nodes=count)
 
     def describe(self) -> str:
-        """One line: ``a100-80g: 16 x 8 devices, 80 GiB, 312 TFLOP/s``."""
-        return (f"{self.name}: {self.nodes} x {self.devices_per_node} devices, "
-                f"{self.device_memory_bytes / GIB:.0f} GiB, {self.peak_flops / 1e12:.0f} TFLOP/s")
+        """One line: ``a100-80g: 16 x 8 devices, 80 GiB, 312 TFLOP/s`` (a CPU's peak in GFLOP/s)."""
+        peak = f"{self.peak_flops / 1e12:.0f} TFLOP/s" if self.peak_flops >= 1e12 else f"{self.peak_flops / 1e9:.0f} GFLOP/s"
+        return f"{self.name}: {self.nodes} x {self.devices_per_node} devices, {self.device_memory_bytes / GIB:.0f} GiB, {peak}"
 
 
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {

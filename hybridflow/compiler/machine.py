@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 from ..capabilities import RUNTIME_TRAIN_ENGINES
 from ..errors import BindError, PlacementError
 from .cluster import CLUSTER_PRESETS, ClusterSpec, detect_local_cpu
+from .cost import CostOptions
 from .plan import ExecutionPlan, verify_plan
 
+if TYPE_CHECKING:
+    from .compile import CompileReport
+
 __all__ = ["Machine", "BindError", "local_machine", "ray_machine", "cpu_nodes_machine", "RayNode",
-           "describe_nodes", "default_cpu_slots", "bind", "compile_for", "plan_node"]
+           "describe_nodes", "default_cpu_slots", "bind", "compile_for", "compile_report_for", "executable_options", "plan_node"]
 
 _SLOT = re.compile(r"^n(\d+)\.d(\d+)$")
 _CUDA = re.compile(r"^cuda:(\d+)$")
@@ -210,13 +214,23 @@ def bind(plan: ExecutionPlan, machine: Machine) -> ExecutionPlan:
     """``plan`` with every pool's devices replaced by the machine's (module docstring); BindError if it lacks some.
 
     A plan whose roles train with an engine hybridflow's runtime does not have
-    (``train_engine`` megatron: a cost study) is refused here, before any executor.
+    (``train_engine`` megatron: a cost study), or shard a model with tensor or pipeline parallelism (the runtime
+    runs data parallelism only), is refused here, before any executor.
     """
     foreign = [f"{p.role} ({p.train_engine})" for p in plan.placements if p.train_engine not in RUNTIME_TRAIN_ENGINES]
     if foreign:
         raise BindError(f"the plan trains {', '.join(foreign)} with an engine hybridflow's runtime does not run "
                         f"(it runs {', '.join(RUNTIME_TRAIN_ENGINES)}); such a plan is a cost study: compile with engines=("
                         + ", ".join(repr(e) for e in RUNTIME_TRAIN_ENGINES) + ",) to run it")
+    parallel = [f"{p.role} {what} {layout}" for p in plan.placements
+                for what, layout in (("training", p.layout), ("generation", p.generation_layout))
+                if layout is not None and (layout.tp > 1 or layout.pp > 1)]
+    if parallel:
+        raise BindError(f"the plan shards {', '.join(parallel)} with tensor or pipeline parallelism, which hybridflow's "
+                        "runtime does not run (it runs data parallelism with FSDP2); such a plan is a cost study. "
+                        "Place the roles with layouts dpN·tp1·pp1 (e.g. 'actor(dp2,tp1,pp1)+ref@2;...') or let "
+                        "placement auto choose: compiled for this machine (hybridflow compile CONFIG.yaml --cluster "
+                        "local|ray) it considers data-parallel layouts only")
     pools, problems = [], []
     for pool in plan.pools:
         slots = pool.slots or pool.devices
@@ -248,16 +262,25 @@ def plan_node(slot: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def compile_for(graph, models, *, machine: Machine | None = None, placement="colocate", staleness: int = 0,
-                batch=None, options=None) -> ExecutionPlan:
-    """``compile`` for ``machine`` (default: :func:`local_machine`) and :func:`bind` to it: a plan an executor runs.
+def executable_options(options: CostOptions | None) -> CostOptions:
+    """``options`` restricted to what hybridflow's runtime executes: data-parallel layouts only (FSDP2)."""
+    return (options or CostOptions()).model_copy(update={"data_parallel_only": True})
 
-    ``models`` is what :func:`~.compile.compile` takes; reward and cost roles it does not name are rule
-    functions (``"rule"``, costing nothing) rather than copies of the actor's model. Only layouts the runtime
-    runs are considered (data parallelism: ``CostOptions(data_parallel_only=True)``).
+
+def compile_report_for(graph, models, *, machine: Machine | None = None, cluster: ClusterSpec | None = None,
+                       placement="colocate", staleness: int = 0, batch=None, options: CostOptions | None = None,
+                       engines: tuple[str, ...] = RUNTIME_TRAIN_ENGINES, debug: bool | None = None,
+                       hooks: tuple = (), bound: bool = True) -> CompileReport:
+    """Compile for ``machine`` (default: :func:`local_machine`) a plan its runtime executes, and :func:`bind` it.
+
+    The one path from a graph to a plan an executor runs (the trainer's run spec, ``hybridflow compile
+    --cluster local|ray`` and :func:`compile_for` take it). ``cluster``: the machine's cluster as the cost model
+    sees it (calibrated; default :meth:`Machine.cluster`). ``models`` is what :func:`~.compile.compile` takes;
+    reward and cost roles it does not name are rule functions (``"rule"``, costing nothing) rather than copies of
+    the actor's model. Only layouts the runtime runs are considered (:func:`executable_options`). The report's
+    plan is bound, unless ``bound`` is False (a plan for a cluster preset: the run that executes it binds it).
     """
-    from .compile import _as_graph, compile
-    from .cost import CostOptions
+    from .compile import _as_graph, compile_report
     from .passes.lower import actor_role
 
     machine = machine or local_machine()
@@ -265,9 +288,17 @@ def compile_for(graph, models, *, machine: Machine | None = None, placement="col
     if not isinstance(models, dict):
         models = {actor_role(graph): models}
     models = {**{r.name: "rule" for r in graph.roles if r.kind in ("reward", "cost")}, **models}
-    options = (options or CostOptions()).model_copy(update={"data_parallel_only": True})
-    plan = compile(graph, machine.cluster(), models, placement=placement, staleness=staleness, batch=batch, options=options)
-    return bind(plan, machine)
+    report = compile_report(graph, cluster or machine.cluster(), models, placement=placement, staleness=staleness,
+                            batch=batch, options=executable_options(options), engines=engines, debug=debug,
+                            hooks=hooks)
+    return replace(report, plan=bind(report.plan, machine)) if bound else report
+
+
+def compile_for(graph, models, *, machine: Machine | None = None, placement="colocate", staleness: int = 0,
+                batch=None, options=None) -> ExecutionPlan:
+    """:func:`compile_report_for`'s bound plan: a plan an executor runs."""
+    return compile_report_for(graph, models, machine=machine, placement=placement, staleness=staleness, batch=batch,
+                              options=options).plan
 
 
 def _bind_device(name: str, machine: Machine) -> str | None:

@@ -1,11 +1,11 @@
-"""Graph analysis through networkx: the view, cycles, ancestors."""
+"""Graph analysis through networkx: the view, cycles, ancestors; the sampled rollout and its samples per prompt."""
 from __future__ import annotations
 
 import networkx as nx
 
-from .ir import Graph
+from .ir import Graph, Node
 
-__all__ = ["to_networkx", "find_cycle", "ancestors"]
+__all__ = ["to_networkx", "find_cycle", "ancestors", "sampled_rollout", "samples_per_prompt"]
 
 
 def to_networkx(graph: Graph) -> nx.DiGraph:
@@ -44,3 +44,17 @@ def ancestors(graph: Graph, name: str) -> set[str]:
     """Every producer ``name`` depends on, directly or not."""
     view = to_networkx(graph)
     return set(nx.ancestors(view, name)) if name in view else set()
+
+
+def sampled_rollout(graph: Graph) -> Node | None:
+    """The generate node whose samples a step trains on: the first that samples (not ``greedy``), else the first
+    generate node (ReMax's greedy baseline is a second, greedy one); None without generation."""
+    generates = [n for n in graph.nodes if n.kind == "generate"]
+    return next((n for n in generates if not n.attrs.greedy), generates[0] if generates else None)
+
+
+def samples_per_prompt(graph: Graph) -> int:
+    """Responses a step samples per prompt: the sampled rollout's ``n`` (1 without generation). The trainer's batch
+    checks, its mini-batch count and the compiler's workload all use this one figure."""
+    rollout = sampled_rollout(graph)
+    return rollout.attrs.n if rollout is not None else 1

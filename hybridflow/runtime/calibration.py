@@ -22,7 +22,7 @@ runs the runtime's engines, so it lives here:
   so that a burst of other work on a shared machine spoils one run of several figures rather than every run of
   one.
 - :func:`cached_profile` reads a profile from the cache or measures and stores it, per load level;
-- :func:`calibrate` profiles every model folder of a run (cached) and fits the cluster to them.
+- :func:`run_profiles` profiles every model folder of a run (cached), :func:`calibrate` fits the cluster to them.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from ..errors import ConfigError
 
 log = logging.getLogger("hybridflow.compiler")
 
-__all__ = ["profile_model", "cached_profile", "calibrate"]
+__all__ = ["profile_model", "cached_profile", "run_profiles", "calibrate"]
 
 
 def _median_times(calls: Mapping[Any, Callable[[], Any]], repeats: int, sync: Callable[[], None]) -> dict[Any, float]:
@@ -192,14 +192,10 @@ def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", thre
     return profile, False
 
 
-def calibrate(cluster: ClusterSpec | str, models: Mapping[str, str | os.PathLike | None], device: str = "cpu",
-              threads: int | None = None, cache: bool = True, options: CostOptions | None = None) -> ClusterSpec:
-    """``cluster`` calibrated to the models of a run: role -> model folder (None or ``"rule"``: no model).
-
-    Each distinct folder is profiled once (or read from the cache); the
-    factors are fitted to all profiles together (:func:`calibrated_cluster`).
-    """
-    cluster = ClusterSpec.parse(cluster) if isinstance(cluster, str) else cluster
+def run_profiles(models: Mapping[str, str | os.PathLike | None], device: str = "cpu", threads: int | None = None,
+                 cache: bool = True) -> list[tuple[Profile, bool]]:
+    """(profile, whether it came from the cache) of each distinct model folder of a run: role -> folder (None or
+    ``"rule"``: no model). ConfigError for a role whose model is not a folder with a config.json, or no folder."""
     folders = []
     for role, model in models.items():
         if model is None or str(model) == "rule":
@@ -211,5 +207,16 @@ def calibrate(cluster: ClusterSpec | str, models: Mapping[str, str | os.PathLike
             folders.append(path)
     if not folders:
         raise ConfigError(f"calibrate: no role of {sorted(models)} has a model folder to measure")
-    profiles = [cached_profile(folder, device, threads, cache=cache)[0] for folder in folders]
+    return [cached_profile(folder, device, threads, cache=cache) for folder in folders]
+
+
+def calibrate(cluster: ClusterSpec | str, models: Mapping[str, str | os.PathLike | None], device: str = "cpu",
+              threads: int | None = None, cache: bool = True, options: CostOptions | None = None) -> ClusterSpec:
+    """``cluster`` calibrated to the models of a run: role -> model folder (None or ``"rule"``: no model).
+
+    Each distinct folder is profiled once (or read from the cache, :func:`run_profiles`); the
+    factors are fitted to all profiles together (:func:`calibrated_cluster`).
+    """
+    cluster = ClusterSpec.parse(cluster) if isinstance(cluster, str) else cluster
+    profiles = [profile for profile, _ in run_profiles(models, device, threads, cache)]
     return calibrated_cluster(cluster, profiles, options)

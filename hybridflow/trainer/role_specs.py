@@ -1,9 +1,10 @@
 """Each role's :class:`~hybridflow.runtime.roles.RoleSpec` (how its engines are built) from a trainer's config.
 
-The policy gets a train engine and its rollout engine (the plan's choice, else ``rollout_engine``), the
-critic a train engine, the reference a log-prob engine, a cost role its own source (``cost_model_name``
-or ``cost_fn``, never the reward's), and every other role the reward: the source set with
-``Trainer.set_reward_model``, else ``reward_model_name``, else the rule ``reward_fn``.
+Models come from the run spec's one table (:data:`~.run_spec.ROLE_MODEL_SOURCES`). The policy gets a train
+engine and its rollout engine (the plan's choice, else ``rollout_engine``), the critic a train engine, the
+reference a log-prob engine, a cost role its own source (``cost_model_name`` or ``cost_fn``, never the reward's),
+and the reward role the reward: the source set with ``Trainer.set_reward_model``, else ``reward_model_name``,
+else the rule ``reward_fn``.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import ConfigError
 from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
+from .run_spec import ROLE_MODEL_SOURCES
 from .seeds import stream_seed
 
 if TYPE_CHECKING:
@@ -41,23 +43,23 @@ def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
     common = dict(max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
                   pack_sequences=cfg.pack_sequences, max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
                   num_threads=cfg.num_threads, seed=cfg.seed)
+    spec = trainer.run_spec
     specs: dict[str, RoleSpec] = {}
     for role in trainer.graph.roles:
+        model = spec.source(role.name)
         if role.kind == "policy":
             train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, lora=cfg.lora_settings(), **common,
                                       **cfg.actor_lr_schedule.engine_settings(cfg.max_steps))
-            engine = trainer.plan.placement(role.name).rollout_engine or cfg.rollout_engine
-            specs[role.name] = RoleSpec(model=trainer.actor_path, tokenizer=trainer.tokenizer, train=train, sampling=sampling,
+            engine = trainer.plan.placement(role.name).rollout_engine or spec.rollout_engine
+            specs[role.name] = RoleSpec(model=model, tokenizer=trainer.tokenizer, train=train, sampling=sampling,
                                         rollout_engine=engine, rollout_options=dict(cfg.rollout_engine_options))
         elif role.kind == "critic":
-            specs[role.name] = RoleSpec(model=cfg.critic_model_name or trainer.actor_path,
-                                        train=TrainEngineConfig(lr=cfg.critic_lr, **common,
-                                                                **cfg.critic_lr_schedule.engine_settings(cfg.max_steps)))
+            specs[role.name] = RoleSpec(model=model, train=TrainEngineConfig(lr=cfg.critic_lr, **common,
+                                                                             **cfg.critic_lr_schedule.engine_settings(cfg.max_steps)))
         elif role.kind == "reference":
             forward = TrainEngineConfig(pack_sequences=cfg.pack_sequences,
                                         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch)
-            specs[role.name] = RoleSpec(model=cfg.ref_model_name or trainer.actor_path, sampling=sampling, train=forward,
-                                        base_of=_lora_base_of(trainer))
+            specs[role.name] = RoleSpec(model=model, sampling=sampling, train=forward, base_of=_lora_base_of(trainer))
         elif role.kind == "cost":
             specs[role.name] = cost_spec(trainer, role.name)
         else:
@@ -79,16 +81,18 @@ def reward_spec(trainer: "Trainer") -> RoleSpec:
     cfg = trainer.config
     if trainer._reward_source is not None:
         return RoleSpec(reward=trainer._reward_source, tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score)
-    if cfg.reward_model_name:
-        return RoleSpec(model=cfg.reward_model_name)
+    model = ROLE_MODEL_SOURCES["reward"](cfg, trainer.actor_path)
+    if model:
+        return RoleSpec(model=model)
     return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score)
 
 
 def cost_spec(trainer: "Trainer", role: str) -> RoleSpec:
     """A cost role scores with ``cost_model_name`` or the rule ``cost_fn`` (never the reward); ConfigError without one."""
     cfg = trainer.config
-    if cfg.cost_model_name:
-        return RoleSpec(model=cfg.cost_model_name)
+    model = ROLE_MODEL_SOURCES["cost"](cfg, trainer.actor_path)
+    if model:
+        return RoleSpec(model=model)
     if cfg.cost_fn:
         # unfinished_score=None: a truncated response gets its cost like any other, not a free 0
         return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=trainer.tokenizer, unfinished_score=None)

@@ -1,14 +1,18 @@
-"""Where a run's model and prompts come from, and the checks made once before it starts."""
+"""Where a run's model and prompts come from (:func:`run_inputs`), and the checks made once before it starts."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, DataError, GraphValidationError
 from ..graph import Graph
+from ..graph.analysis import samples_per_prompt
 from .config import GRAPH_ATTRS, ROLE_SOURCE_FIELDS, PPOConfig
 
-__all__ = ["actor_source", "check_devices", "check_trainable", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
+__all__ = ["RunInputs", "run_inputs", "actor_source", "check_devices", "check_trainable", "load_rows", "response_length",
+           "check_batch_sizes",
            "ignored_fields", "ignored_role_fields", "BUILTIN_RESPONSE_LENGTH"]
 
 log = logging.getLogger("hybridflow.trainer")
@@ -16,6 +20,30 @@ log = logging.getLogger("hybridflow.trainer")
 BUILTIN_RESPONSE_LENGTH = 3
 """max_response_length for the built-in arithmetic task when the config leaves it unset: the longest
 answer (18) is two tokens, plus EOS."""
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run reads before it plans: the actor's model, its tokenizer, the prompts, the response limit."""
+
+    actor_path: str
+    """The actor's folder or hub name (:func:`actor_source`)."""
+    tokenizer: Any
+    train_rows: list[dict]
+    val_rows: list[dict]
+    max_response_length: int
+    """Tokens per response (:func:`response_length`)."""
+
+
+def run_inputs(config: PPOConfig, output_dir: Path) -> RunInputs:
+    """The run's inputs; with no actor configured, the built-in tiny model is made in ``output_dir`` (or copied from
+    the cache), with no train_files the built-in arithmetic task is the data."""
+    from ..data import load_tokenizer
+
+    actor = actor_source(config, output_dir)
+    tokenizer = load_tokenizer(actor)
+    train, val = load_rows(config)
+    return RunInputs(actor, tokenizer, train, val, response_length(config))
 
 
 def actor_source(config: PPOConfig, output_dir: Path) -> str:
@@ -130,12 +158,6 @@ def response_length(config: PPOConfig) -> int:
     return config.max_response_length
 
 
-def responses_per_step(graph: Graph, config: PPOConfig) -> int:
-    """Prompts per step times the responses the graph samples per prompt (its first generate node's n)."""
-    n = next((node.attrs.n for node in graph.nodes if node.kind == "generate"), 1)
-    return config.rollout_batch_size * n
-
-
 def check_batch_sizes(graph: Graph, config: PPOConfig) -> None:
     """batch_size must divide the responses of a step, micro_batch_size the mini-batch: ConfigError naming the sizes.
 
@@ -143,8 +165,8 @@ def check_batch_sizes(graph: Graph, config: PPOConfig) -> None:
     correct because padded rows would change Adam's moments. Uneven micro-batches are fine:
     losses are normalised by the mini-batch's global token count.)
     """
-    total = responses_per_step(graph, config)
-    n = total // config.rollout_batch_size
+    n = samples_per_prompt(graph)
+    total = config.rollout_batch_size * n
     if config.batch_size is not None:
         if config.batch_size > total:
             raise ConfigError(f"batch_size ({config.batch_size}) is larger than the {total} responses of a step "

@@ -109,12 +109,13 @@ class Trainer:
         return algorithm.build(**attrs)
 
     def _prepare(self) -> None:
-        from ..data import PromptDataset, PromptLoader, load_tokenizer
+        from ..data import PromptDataset, PromptLoader
         from ..runtime.local import LocalExecutor
         from .progress import PhaseRecorder
         from .resume import check_fresh_start
         from .planning import plan_for_run, plan_summary, run_machine
-        from .setup import actor_source, check_batch_sizes, check_devices, check_trainable, load_rows, response_length
+        from .run_spec import derive, set_process_threads
+        from .setup import check_batch_sizes, check_devices, check_trainable, run_inputs
         from .trackers import build_trackers
 
         cfg = self.config
@@ -125,16 +126,16 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         check_fresh_start(self)
         check_devices(cfg.device_map)
-        self.actor_path = actor_source(cfg, self.output_dir)
-        self.tokenizer = load_tokenizer(self.actor_path)
-        self.train_rows, self.val_rows = load_rows(cfg)
-        self.max_response_length = response_length(cfg)
+        inputs = run_inputs(cfg, self.output_dir)
+        self.actor_path, self.tokenizer, self.max_response_length = inputs.actor_path, inputs.tokenizer, inputs.max_response_length
+        self.train_rows, self.val_rows = inputs.train_rows, inputs.val_rows
         self.graph = self.build_graph()
         check_trainable(self.graph)
         check_batch_sizes(self.graph, cfg)
-        self.machine = run_machine(self)
-        self._set_threads()
-        self.plan = plan_for_run(self, self.machine)
+        self.machine = run_machine(cfg)
+        set_process_threads(cfg, self.machine)
+        self.run_spec = derive(cfg, self.graph, self.machine, inputs, reward_source=self._reward_source)
+        self.plan = plan_for_run(cfg, self.run_spec)
         log.info("plan (%s, %s): %s", self.plan.strategy, self.plan.machine, plan_summary(self.plan))
         (self.output_dir / "plan.json").write_text(self.plan.to_json())
         recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
@@ -151,22 +152,6 @@ class Trainer:
         self._resume()
         if self._trackers is None:
             self._trackers = build_trackers(cfg, self.output_dir, self.step if self.resumed_from else None)
-
-    def _set_threads(self) -> None:
-        """CPU runs: this process's torch threads from its slot's share of the cores and the cores others keep
-        busy (:func:`~hybridflow.runtime.threads.slot_threads`; ``num_threads`` wins), and a warning when the
-        machine is oversubscribed. Ray slots get their share through their bundles (one process per slot)."""
-        from ..runtime.threads import busy_cores, slot_threads, warn_if_oversubscribed
-
-        if self.machine.kind != "cpu":
-            return
-        busy = busy_cores()
-        if self.config.executor == "ray":
-            warn_if_oversubscribed(self.machine.slots, self.machine.threads_per_slot or 1, busy=busy)
-            return
-        threads = slot_threads(self.machine.threads_per_slot, requested=self.config.num_threads, busy=busy)
-        torch.set_num_threads(threads)
-        warn_if_oversubscribed(1, threads, busy=busy)
 
     def role_specs(self) -> dict[str, RoleSpec]:
         """How to build each role's engines from the config (:func:`.role_specs.role_specs`)."""

@@ -31,9 +31,7 @@ def test_lora_run_shares_the_base_weights_and_resumes_the_same_steps(fast_config
     adapters = adapter_names(actor.module)
     assert {n for n, p in actor.module.named_parameters() if p.requires_grad} == adapters
     # the config reaches the plan: the compiler costs the actor with its adapters (what weight syncs send)
-    from hybridflow.trainer.planning import model_specs
-
-    assert model_specs(full_trainer)["actor"].adapter_params == sum(actor.module.get_parameter(n).numel() for n in adapters)
+    assert full_trainer.run_spec.model_specs()["actor"].adapter_params == sum(actor.module.get_parameter(n).numel() for n in adapters)
     assert all(m["weight_sync/actor/mb"] == 0.0 for m in full if "weight_sync/actor/mb" in m)  # shared module: nothing moves
 
     import torch.distributed.checkpoint as dcp

@@ -191,9 +191,12 @@ def test_packing_and_token_budget_reach_the_actor_critic_and_reference(fast_conf
         assert config.pack_sequences and config.max_tokens_per_micro_batch == 12, role
     assert configs["actor"].micro_batch_size == 2 and configs["ref"].micro_batch_size is None  # as before
     # the cost model prices the train engines' forwards at the real length: mean prompt tokens + the response limit
-    from hybridflow.trainer.planning import cost_options, real_seq_len
+    from hybridflow.compiler import local_machine
+    from hybridflow.trainer.run_spec import derive
+    from hybridflow.trainer.setup import run_inputs
 
     prompts = [len(trainer.tokenizer(row["prompt"])["input_ids"]) for row in trainer.train_rows[:8]]
-    options = cost_options(trainer)
+    options = trainer.run_spec.options
     assert options.real_seq_len == pytest.approx(sum(prompts) / 8 + 3) and options.shared_prompt_min_saved is None
-    assert real_seq_len(Trainer(fast_config(), algorithm="ppo")) is None  # padded: the padded width
+    padded = fast_config(calibrate=False)  # no packing: the padded width
+    assert derive(padded, trainer.graph, local_machine(), run_inputs(padded, trainer.output_dir)).options.real_seq_len is None

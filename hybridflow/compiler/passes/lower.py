@@ -29,6 +29,7 @@ from typing import Mapping
 
 from ...errors import ConfigError, PlanError
 from ...graph import CONTROLLER, Graph
+from ...graph.analysis import samples_per_prompt
 from ..models import ModelSpec
 from ..plan import ExecutionPlan, LayoutPlan, PlanOp, PoolPlan, RolePlacement
 from ..workload import GenerationWork, RoleWork, Workload
@@ -93,9 +94,8 @@ def _check_rule_roles(graph: Graph, models: Mapping[str, ModelSpec | None]) -> N
 
 def _generation(graph: Graph, batch: BatchShape) -> GenerationWork:
     generates = [n for n in graph.nodes if n.kind == "generate"]
-    sampled = next((n for n in generates if not n.attrs.greedy), generates[0] if generates else None)
     return GenerationWork(prompts=batch.prompts, prompt_len=batch.prompt_len, response_len=batch.response_len,
-                          samples=sampled.attrs.n if sampled else 1, generations=max(1, len(generates)))
+                          samples=samples_per_prompt(graph), generations=max(1, len(generates)))
 
 
 def lower_workload(graph: Graph, models: Mapping[str, ModelSpec | None], batch: BatchShape | None = None) -> Workload:

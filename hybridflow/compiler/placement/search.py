@@ -37,7 +37,7 @@ from .evaluate import PlacementCost, controller_time, evaluate
 from .options import GroupOption, group_options, pareto
 from .types import Placement, Pool, RolePlacement
 
-__all__ = ["ScoredPlacement", "SearchResult", "FIXED_STRATEGIES", "allowed_sizes", "packs", "set_partitions",
+__all__ = ["ScoredPlacement", "SearchResult", "FIXED_STRATEGIES", "allowed_sizes", "why_not", "packs", "set_partitions",
            "assign_devices", "fixed_allocation", "place_fixed", "search", "place"]
 
 FIXED_STRATEGIES = ("colocate", "split", "standalone")
@@ -212,6 +212,22 @@ def _scored(workload, cluster, options, choice, strategy, expected: float) -> Sc
     return ScoredPlacement(placement, cost)
 
 
+def why_not(strategy: str, workload: Workload, cluster: ClusterSpec) -> str:
+    """Why fixed ``strategy`` gives no placement of ``workload`` on ``cluster``, with what to do instead."""
+    names = list(workload.role_names)
+    where = cluster.describe()
+    if fixed_allocation(strategy, workload, cluster) is not None:
+        return (f"strategy {strategy!r}: roles {names} run out of memory on {where}; try 'auto' (it offloads or "
+                "shards where that fits), more devices or smaller models")
+    if strategy == "split":
+        return (f"strategy 'split' puts actor and ref on one half of the devices and the other model roles (critic, "
+                f"reward or cost models) on the other, as HybridFlow §8.3 does; the model roles {names} on {where} "
+                "cannot be split so (a rule reward needs no device; halves need an even device count): use 'auto', "
+                "'colocate' or a pool spec such as 'actor@1;ref@1'")
+    return (f"strategy {strategy!r} does not apply to roles {names} on {where} (too few devices to give each its "
+            "share); use 'auto', 'colocate' or a pool spec")
+
+
 def place_fixed(strategy: str, workload: Workload, cluster: ClusterSpec, options: CostOptions | None = None) -> ScoredPlacement | None:
     """The best layouts for a fixed strategy's groups and sizes; None when it does not apply or does not fit."""
     options = options or CostOptions()
@@ -295,5 +311,5 @@ def place(workload: Workload, cluster: ClusterSpec, strategy: str = "auto", opti
         return search(workload, cluster, options).best
     found = place_fixed(strategy, workload, cluster, options)
     if found is None:
-        raise PlacementError(f"strategy {strategy!r} does not apply to roles {list(workload.role_names)} on {cluster.describe()}, or runs out of memory; try 'auto'")
+        raise PlacementError(why_not(strategy, workload, cluster))
     return found
