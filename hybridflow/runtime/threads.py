@@ -67,20 +67,32 @@ class OtherLoad:
         return max(0.0, (os.cpu_count() or 1) * busy / total - own / wall)
 
 
-def busy_cores(window_s: float = 0.2) -> float:
+_last_window: OtherLoad | None = None
+"""The window since the last :func:`busy_cores` measurement ended (None before the first): the next one reuses it."""
+
+
+def busy_cores(window_s: float = 0.2, *, reuse_s: float = 2.0) -> float:
     """Cores kept busy by *other* processes: measured over ``window_s`` (:class:`OtherLoad`), else the load average.
 
     ``busy = cores x (busy jiffies / all jiffies)`` over the window, minus this process's own CPU time
-    in it; a sleeping window of this process, so its own share is ~0. Never negative.
+    in it. The window is the time since the previous call when that is between ``window_s`` and ``reuse_s``
+    seconds (no wait: a trainer's start-up asks twice, and a test session hundreds of times), else a fresh
+    one of ``window_s`` this call sleeps through (its own share ~0). Never negative.
     """
-    meter = OtherLoad()
-    if meter._start is None:
+    global _last_window
+    meter, fresh = _last_window, OtherLoad()
+    if fresh._start is None:
         try:
             return max(0.0, float(os.getloadavg()[0]))
         except (AttributeError, OSError):
             return 0.0
-    time.sleep(window_s)
+    if meter is None or meter._start is None or fresh._wall - meter._wall > reuse_s:
+        meter = fresh  # no recent window: open one now
+    age = time.perf_counter() - meter._wall
+    if age < window_s:
+        time.sleep(window_s - age)
     busy = meter.cores(min_window_s=0.0)
+    _last_window = OtherLoad()
     return 0.0 if busy is None else busy
 
 
