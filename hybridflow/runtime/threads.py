@@ -67,8 +67,9 @@ class OtherLoad:
         return max(0.0, (os.cpu_count() or 1) * busy / total - own / wall)
 
 
-_last_window: OtherLoad | None = None
-"""The window since the last :func:`busy_cores` measurement ended (None before the first): the next one reuses it."""
+_last_window: OtherLoad = OtherLoad()
+"""The window since the last :func:`busy_cores` measurement ended (or since this module was imported): the next
+measurement reuses it."""
 
 
 def busy_cores(window_s: float = 0.2, *, reuse_s: float = 2.0) -> float:
@@ -86,7 +87,7 @@ def busy_cores(window_s: float = 0.2, *, reuse_s: float = 2.0) -> float:
             return max(0.0, float(os.getloadavg()[0]))
         except (AttributeError, OSError):
             return 0.0
-    if meter is None or meter._start is None or fresh._wall - meter._wall > reuse_s:
+    if meter._start is None or fresh._wall - meter._wall > reuse_s:
         meter = fresh  # no recent window: open one now
     age = time.perf_counter() - meter._wall
     if age < window_s:
