@@ -53,7 +53,8 @@ def test_busy_cores_sees_a_busy_neighbour_and_not_this_process():
 
 def test_a_recent_window_is_reused_without_waiting_and_sees_the_neighbour(monkeypatch):
     """The window since the last call, when it is at least ``window_s`` long, is measured without a wait, and a
-    burner running through it counts (this process's own work in it is taken out, as in a fresh window)."""
+    burner running through it counts (this process's own work in it is taken out, as in a fresh window); a call
+    right after that one returns its result."""
     if not os.path.exists("/proc/stat"):
         pytest.skip("no /proc/stat: busy_cores falls back to the load average")
     burner = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
@@ -67,8 +68,9 @@ def test_a_recent_window_is_reused_without_waiting_and_sees_the_neighbour(monkey
             sum(range(1000))
         monkeypatch.setattr(threads.time, "sleep", waits.append)
         busy = threads.busy_cores(window_s=0.2, reuse_s=60.0)
+        again = threads.busy_cores(window_s=0.2, reuse_s=60.0)  # a moment later: that measurement still holds
     finally:
         burner.kill()
         burner.wait()
-    assert waits == []
+    assert waits == [] and again == busy
     assert 0.6 <= busy <= (os.cpu_count() or 1) + 0.01
