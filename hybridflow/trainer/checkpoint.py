@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, WriteError
 from ..runtime.dcp_files import dcp_exception, file_sha256, safe_reader, save_dcp, unwrap_dcp_error
 
 __all__ = ["CHECKPOINTS", "STATE_FILE", "LoadedCheckpoint", "save_checkpoint", "list_checkpoints", "read_checkpoint",
@@ -86,11 +86,14 @@ def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch
     Returns the checkpoint folder.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:08d}"
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as err:
+        raise WriteError(f"the checkpoint of step {step} cannot be written", err) from None
     try:
         written: dict[str, dict] = {}
         if tensors:
@@ -109,11 +112,52 @@ def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch
             _discard(final)
         os.rename(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException as err:
+        problem = _write_problem(err, tmp)  # before the half-written folder is removed and frees its space
         shutil.rmtree(tmp, ignore_errors=True)
+        if problem is not None:
+            raise WriteError(f"the checkpoint of step {step} cannot be written (the half-written folder is removed; "
+                             "earlier checkpoints are kept)", problem, tmp if problem.filename is None else None) from None
         raise
     _prune(root, keep)
     return final
+
+
+_FREE_BYTES_MIN = 1 << 20
+"""Below this many free bytes a failed checkpoint write is taken for a full disk."""
+
+
+def _write_problem(err: BaseException, folder: Path) -> OSError | None:
+    """The OS-level reason a checkpoint write failed, or None when it failed for another reason.
+
+    An OSError is its own reason. DCP and torch's zip writer report a full disk or a file-size limit as
+    their own errors (``CheckpointError``, torch's ``unexpected pos``), so for those the disk is looked at:
+    too little free space is ENOSPC, a folder this process may not write is EACCES, a file-size limit
+    (``ulimit -f``) is EFBIG.
+    """
+    import errno
+
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        resource = None
+    if isinstance(err, OSError):
+        return err
+    if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: not a disk problem
+        return None
+    try:
+        stats = os.statvfs(folder)
+        if stats.f_bavail * stats.f_frsize < _FREE_BYTES_MIN:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError:
+        pass
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        return OSError(errno.EACCES, os.strerror(errno.EACCES))
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE) if resource is not None else (None, None)
+    text = str(err)
+    if limit not in (None, getattr(resource, "RLIM_INFINITY", None)) and ("unexpected pos" in text or "File too large" in text):
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    return None
 
 
 def _discard(path: Path) -> None:

@@ -7,7 +7,6 @@ or ``cost_fn``, never the reward's), and every other role the reward: the source
 """
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
@@ -23,10 +22,13 @@ __all__ = ["role_specs", "reward_spec", "cost_spec", "load_function"]
 
 def load_function(path: str, field: str = "reward_fn") -> Callable:
     """``"package.module:function"`` -> the function; ConfigError naming ``field`` and the path otherwise."""
+    from ..algorithms.resolve import import_module
+
     module_name, _, attr = path.partition(":")
+    module = import_module(module_name, f"{field} {path!r}")  # the working directory is on the path, as for algorithm=
     try:
-        fn = getattr(importlib.import_module(module_name), attr or "compute_score")
-    except (ImportError, AttributeError) as err:
+        fn = getattr(module, attr or "compute_score")
+    except AttributeError as err:
         raise ConfigError(f"{field} {path!r} cannot be loaded ({err}); write it as 'package.module:function'") from None
     if not callable(fn):
         raise ConfigError(f"{field} {path!r} is not callable")

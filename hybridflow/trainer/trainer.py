@@ -282,6 +282,9 @@ class Trainer:
         self.executor.restart()
         self._ahead = None  # its generation died with the workers
         resume_newest(self)
+        for tracker in self._trackers or ():  # the steps after the checkpoint are run again: log each step once
+            if hasattr(tracker, "rewind"):
+                tracker.rewind(self.step)
         return used + 1
 
     def _next_rows(self) -> list[dict]:
