@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError, GraphError
+from ..errors import ConfigError, GraphError, WriteError
 
 __all__ = ["Reader", "READERS", "add_arguments", "run"]
 
@@ -176,14 +176,19 @@ def run(args: argparse.Namespace) -> int:
     import_modules(args.imports, "--import")
     source = args.source
     overrides = assignments(args.overrides)
-    if Path(source).is_file():
-        if overrides:
-            raise ConfigError("--set overrides an algorithm's attributes; it does not apply to a JSON file")
-        rendered = _draw_file(Path(source), Path(args.output or Path(source).stem), args)
-    else:
-        from ..viz.graph import draw_graph
+    try:
+        if Path(source).is_file():
+            if overrides:
+                raise ConfigError("--set overrides an algorithm's attributes; it does not apply to a JSON file")
+            rendered = _draw_file(Path(source), Path(args.output or Path(source).stem), args)
+        else:
+            from ..viz.graph import draw_graph
 
-        algorithm = resolve_algorithm(source, "SOURCE")
-        rendered = draw_graph(algorithm.build(**overrides), Path(args.output or algorithm.name))
+            algorithm = resolve_algorithm(source, "SOURCE")
+            rendered = draw_graph(algorithm.build(**overrides), Path(args.output or algorithm.name))
+    except OSError as err:
+        if err.filename is not None and Path(err.filename).resolve() == Path(source).resolve():
+            raise ConfigError(f"SOURCE {source}: cannot be read ({err.strerror})") from None
+        raise WriteError(f"the drawing (-o {args.output or 'default'})", err) from None
     print(rendered.message)
     return 0

@@ -55,8 +55,8 @@ class RunLock:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
-            raise WriteError(f"output_dir {str(self.output_dir)!r} cannot be used (its lock file, {LOCK_FILE}, "
-                             "cannot be created there)", err) from None
+            raise WriteError(f"output_dir {str(self.output_dir)!r} cannot be used (it cannot be created, or its "
+                             f"lock file {LOCK_FILE} cannot be written there)", err) from None
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
