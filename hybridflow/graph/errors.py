@@ -12,6 +12,7 @@ from ..errors import GraphValidationError, OpError, TraceError
 
 __all__ = [
     "CycleError",
+    "GroupSizeError",
     "NodeOrderError",
     "DuplicateNodeError",
     "MissingFieldError",
@@ -83,6 +84,10 @@ class DoubleUpdateError(GraphValidationError):
 
 class UpdateOrderError(GraphValidationError):
     """A role's update does not come after every other node that reads that role's weights."""
+
+
+class GroupSizeError(GraphValidationError):
+    """A group estimator (an op that reads ``group_index``) gets groups of one response each: its advantages are all 0."""
 
 
 class UnusedValueWarning(UserWarning):

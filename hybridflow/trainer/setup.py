@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, DataError, GraphValidationError
 from ..graph import Graph
+from ..graph.validate import check_group_sizes
 from .config import GRAPH_ATTRS, ROLE_SOURCE_FIELDS, PPOConfig
 
 __all__ = ["actor_source", "check_devices", "check_trainable", "load_rows", "response_length", "responses_per_step", "check_batch_sizes",
@@ -189,7 +190,8 @@ def check_devices(device_map: dict[str, str]) -> None:
 
 
 def check_trainable(graph: Graph) -> None:
-    """A graph trained by the Trainer must update some role: GraphValidationError otherwise.
+    """A graph trained by the Trainer must update some role, and give its group estimators groups of 2 or more
+    responses: GraphValidationError (GroupSizeError) otherwise.
 
     (A graph without an update node is valid to draw, compile or simulate; training it would
     spend every step changing no weights.)
@@ -199,3 +201,4 @@ def check_trainable(graph: Graph) -> None:
             f"graph {graph.name!r} has no update node, so training it would change no weights",
             hint="add an update node for the policy (and critic) to the algorithm, or use `hybridflow viz` / "
                  "`compile` to inspect a graph without training it")
+    check_group_sizes(graph)  # a group estimator on groups of one learns nothing
