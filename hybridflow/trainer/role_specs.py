@@ -80,10 +80,12 @@ def reward_spec(trainer: "Trainer") -> RoleSpec:
     """A reward role: the reward source set on the trainer, else ``reward_model_name``, else the rule ``reward_fn``."""
     cfg = trainer.config
     if trainer._reward_source is not None:
-        return RoleSpec(reward=trainer._reward_source, tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score)
+        return RoleSpec(reward=trainer._reward_source, tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score,
+                        reward_timeout_s=cfg.reward_timeout_s)
     if cfg.reward_model_name:
         return RoleSpec(model=cfg.reward_model_name)
-    return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score)
+    return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score,
+                    reward_timeout_s=cfg.reward_timeout_s)
 
 
 def cost_spec(trainer: "Trainer", role: str) -> RoleSpec:
@@ -93,7 +95,8 @@ def cost_spec(trainer: "Trainer", role: str) -> RoleSpec:
         return RoleSpec(model=cfg.cost_model_name)
     if cfg.cost_fn:
         # unfinished_score=None: a truncated response gets its cost like any other, not a free 0
-        return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=trainer.tokenizer, unfinished_score=None)
+        return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=trainer.tokenizer, unfinished_score=None,
+                        reward_timeout_s=cfg.reward_timeout_s)
     raise ConfigError(f"{trainer.algorithm} has a cost role ({role!r}) but no cost source: set cost_fn "
                       "('package.module:function' returning a cost, e.g. "
                       "'hybridflow_ops.rewards.arithmetic:long_answer_cost') or cost_model_name")

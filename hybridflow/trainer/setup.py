@@ -112,11 +112,11 @@ def load_rows(config: PPOConfig) -> tuple[list[dict], list[dict]]:
     from ..data.tasks.arithmetic import make_arithmetic_rows
 
     if config.train_files:
-        train = list(load_prompt_dataset(config.train_files))
+        train = list(load_prompt_dataset(config.train_files, empty_prompts=config.empty_prompts))
     else:
         train = make_arithmetic_rows()
         log.warning("no train_files given: using the built-in arithmetic task (all 100 prompts 'a+b=' with a, b in 0..9)")
-    val = list(load_prompt_dataset(config.val_files)) if config.val_files else train
+    val = list(load_prompt_dataset(config.val_files, empty_prompts=config.empty_prompts)) if config.val_files else train
     if len(train) < config.rollout_batch_size:
         raise DataError(f"the training set has {len(train)} prompts, fewer than rollout_batch_size="
                         f"{config.rollout_batch_size}; lower rollout_batch_size or add prompts")
