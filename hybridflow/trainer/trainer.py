@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..algorithms.resolve import check_algorithm_args, import_modules, resolve_algorithm
-from ..errors import WorkerLostError
+from ..errors import WorkerLostError, WriteError
 from ..graph import Graph
 from ..runtime.contracts import set_enabled as set_contract_checks
 from ..runtime.roles import RoleSpec
@@ -78,6 +78,8 @@ class Trainer:
         self._ahead: tuple[list[dict], Any] | None = None
         """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
         self._validation_plan = None
+        self.written_artifacts: set[Path] = set()
+        """trace.json and timing.txt as this trainer wrote them (an earlier run's are kept aside, not replaced)."""
         self._prompt_tokens: dict = {}
         """Token ids of every prompt seen (the dataset is tokenised once, not every epoch)."""
 
@@ -136,7 +138,10 @@ class Trainer:
         self._set_threads()
         self.plan = plan_for_run(self, self.machine)
         log.info("plan (%s, %s): %s", self.plan.strategy, self.plan.machine, plan_summary(self.plan))
-        (self.output_dir / "plan.json").write_text(self.plan.to_json())
+        try:
+            (self.output_dir / "plan.json").write_text(self.plan.to_json())
+        except OSError as err:
+            raise WriteError("the run's plan cannot be written", err, self.output_dir / "plan.json") from None
         recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
         if cfg.executor == "ray":
             from ..runtime.ray import RayExecutor

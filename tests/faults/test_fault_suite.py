@@ -207,3 +207,14 @@ def test_a_restart_rewinds_metrics_so_each_step_is_logged_once(tmp_path):
         tracker.log({"a": 10.0 + step}, step)
     tracker.close()
     assert metric_steps(tmp_path / "metrics.jsonl") == [0, 1, 2, 3, 4]
+
+
+def test_a_resumed_run_keeps_the_earlier_trace_and_timing_beside_its_own(finished_run, tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    earlier = {name: (run / name).read_bytes() for name in ("trace.json", "timing.txt")}
+    assert main(["run", *run_overrides(tiny_model_dir, run, max_steps=2, save_freq=1, resume="auto")]) == 0
+    assert (run / "trace.1.json").read_bytes() == earlier["trace.json"]
+    assert (run / "timing.1.txt").read_bytes() == earlier["timing.txt"]
+    assert (run / "trace.json").read_bytes() != earlier["trace.json"]
+    assert metric_steps(run / "metrics.jsonl") == [0, 1, 2]
