@@ -135,12 +135,13 @@ class WriteError(OutputDirError):
 
 class ContractError(ExecutionError):
     """A node produced an output that breaks its declaration: wrong dtype, a shape that does not fit the
-    graph's dims, or a NaN/inf where finite values are declared. Names the node, its op and the field.
+    graph's dims, or a NaN/inf where finite values are declared; or an op wrote into one of its inputs
+    (``side="input"``). Names the node, its op and the field.
 
     ``HYBRIDFLOW_CHECK_CONTRACTS=0`` (or the config's ``check_contracts: false``) turns these checks off.
     """
 
-    def __init__(self, message: str, *, node: str, op: str, field: str | None = None):
+    def __init__(self, message: str, *, node: str, op: str, field: str | None = None, side: str = "output"):
         self.node, self.op, self.field = node, op, field
-        where = f"node {node!r} (op {op!r})" + (f", output {field!r}" if field else "")
+        where = f"node {node!r} (op {op!r})" + (f", {side} {field!r}" if field else "")
         super().__init__(f"{where}: {message}")
