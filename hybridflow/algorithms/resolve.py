@@ -142,8 +142,25 @@ def import_modules(names: Iterable[str], where: str = "imports") -> None:
 
 
 def check_algorithm_args(algorithm: "Algorithm | FixedGraph", args: Mapping[str, object], where: str = "algorithm_args") -> None:
-    """Every key of ``args`` is an attribute of ``algorithm``: ConfigError listing its attributes otherwise."""
+    """Every key of ``args`` is an attribute of ``algorithm`` and every value of its default's kind (a float for a
+    float, ...): ConfigError listing its attributes, or naming the kind wanted, otherwise."""
     unknown = sorted(set(args) - set(algorithm.defaults))
     if unknown:
         have = ", ".join(algorithm.defaults) or "(none: a fixed graph)"
         raise ConfigError(f"{where}: algorithm {algorithm.name!r} has no attribute {', '.join(unknown)}; its attributes are {have}")
+    for name, value in args.items():
+        default = algorithm.defaults[name]
+        if not _same_kind(value, default):
+            raise ConfigError(f"{where}.{name}: algorithm {algorithm.name!r} takes a {type(default).__name__} for "
+                              f"{name!r} (default {default!r}), got {type(value).__name__} {value!r}")
+
+
+def _same_kind(value: object, default: object) -> bool:
+    """Whether ``value`` can stand where the algorithm's ``default`` is: same JSON kind (an int for a float too)."""
+    if default is None or value is None:
+        return True  # an attribute without a default value, or one set back to none: the op judges it
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float)) and (isinstance(default, float) or isinstance(value, int))
+    return isinstance(value, type(default))

@@ -86,7 +86,13 @@ def _is_trace(doc: object) -> bool:
 def _read_trace(path: str | None):
     if not path:
         return None
-    doc = _read_json(Path(path))
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--trace {path}: cannot be read ({getattr(err, 'strerror', None) or err}); give a run's "
+                          "trace.json") from None
+    except ValueError as err:
+        raise ConfigError(f"--trace {path}: not JSON ({err}); give a run's trace.json") from None
     if not _is_trace(doc):
         raise ConfigError(f"--trace {path}: not a Chrome trace with complete events (a run's trace.json)")
     return doc
@@ -176,6 +182,9 @@ def run(args: argparse.Namespace) -> int:
     import_modules(args.imports, "--import")
     source = args.source
     overrides = assignments(args.overrides)
+    if args.trace and not (Path(source).is_file() and _is_plan(_read_json(Path(source)))):
+        raise ConfigError(f"--trace draws a run's measured timeline beside a compiled plan's predicted one; SOURCE "
+                          f"{source!r} is not a plan file (hybridflow compile writes one; a run writes plan.json)")
     try:
         if Path(source).is_file():
             if overrides:
