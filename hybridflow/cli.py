@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "COMMAND"
     try:
         parser = build_parser()  # imports every command's module: a Ctrl-C can land here too
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         if not getattr(args, "_module", None):
             parser.print_help()
             return 2
@@ -58,6 +58,17 @@ def main(argv: list[str] | None = None) -> int:
                 if command in ("run", "quickstart") else "")
         print(f"hybridflow {command}: interrupted, stopped at once{hint}", file=sys.stderr)
         return 130
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, letting ``key=value`` overrides come after options too (``run CONFIG --import MOD k=v``), as they may
+    before them: argparse stops filling a ``nargs='*'`` positional once an option has been seen."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _describe_os_error(err: OSError) -> str:

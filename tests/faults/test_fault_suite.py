@@ -218,3 +218,11 @@ def test_a_resumed_run_keeps_the_earlier_trace_and_timing_beside_its_own(finishe
     assert (run / "timing.1.txt").read_bytes() == earlier["timing.txt"]
     assert (run / "trace.json").read_bytes() != earlier["trace.json"]
     assert metric_steps(run / "metrics.jsonl") == [0, 1, 2]
+
+
+def test_overrides_after_an_option_are_overrides(tmp_path, capsys):
+    """``run CONFIG --import MOD k=v``: the k=v are read as overrides (the value here is refused, naming the field)."""
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 1\n")
+    assert main(["run", str(config), "--import", "json", "max_steps=-1"]) == 1
+    assert_named_error(1, capsys.readouterr().err, "run", "max_steps")
