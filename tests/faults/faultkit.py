@@ -46,9 +46,12 @@ def _child_setup(file_size_limit: int | None):
     return setup
 
 
-def start(args: list[str], *, prefix: list[str] = (), cwd: Path = REPO, file_size_limit: int | None = None) -> subprocess.Popen:
-    """``python -m hybridflow.cli ARGS`` (after ``prefix``, e.g. a read-only mount) as its own process."""
-    return subprocess.Popen([*prefix, sys.executable, "-m", "hybridflow.cli", *args], stdout=subprocess.PIPE,
+def start(args: list[str], *, prefix: list[str] = (), cwd: Path = REPO, file_size_limit: int | None = None,
+          script: Path | None = None) -> subprocess.Popen:
+    """``python -m hybridflow.cli ARGS`` (or ``python SCRIPT ARGS``), after ``prefix`` (e.g. a read-only mount),
+    as its own process."""
+    program = [str(script)] if script is not None else ["-m", "hybridflow.cli"]
+    return subprocess.Popen([*prefix, sys.executable, *program, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=child_env(), cwd=cwd,
                             preexec_fn=_child_setup(file_size_limit))
 
@@ -65,10 +68,11 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]
 
 
 def assert_named_error(status: int, stderr: str, command: str, *phrases: str) -> str:
-    """Exit status 1, no traceback, and the last line block is ``hybridflow COMMAND: error: ...`` with ``phrases``."""
+    """Exit status 1, no traceback, and the last line block is ``hybridflow COMMAND: error: ...`` with ``phrases``
+    (``COMMAND: error: ...`` for a script, whose ``command`` ends in ``.py``)."""
     assert "Traceback" not in stderr, stderr[-3000:]
     assert status == 1, (status, stderr[-3000:])
-    start_at = stderr.rfind(f"hybridflow {command}: error: ")
+    start_at = stderr.rfind(f"{command}: error: " if command.endswith(".py") else f"hybridflow {command}: error: ")
     assert start_at >= 0, stderr[-3000:]
     message = stderr[start_at:]
     for phrase in phrases:

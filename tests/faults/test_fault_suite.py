@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import (assert_named_error, finish, metric_steps, readonly_prefix, restore_modes, run_overrides,
+from faultkit import (REPO, assert_named_error, finish, metric_steps, readonly_prefix, restore_modes, run_overrides,
                       start)
 
 from hybridflow.cli import main
@@ -226,3 +226,14 @@ def test_overrides_after_an_option_are_overrides(tmp_path, capsys):
     config.write_text("max_steps: 1\n")
     assert main(["run", str(config), "--import", "json", "max_steps=-1"]) == 1
     assert_named_error(1, capsys.readouterr().err, "run", "max_steps")
+
+
+def test_an_example_script_reports_a_read_only_folder_in_one_line(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    try:
+        proc = start(["--steps", "1"], script=REPO / "examples" / "quickstart" / "minimal_ppo.py", cwd=tmp_path,
+                     prefix=_readonly(runs))
+        assert_named_error(*finish(proc)[::2], "minimal_ppo.py", "output_dir 'runs/minimal_ppo'", "cannot write")
+    finally:
+        restore_modes(runs)
