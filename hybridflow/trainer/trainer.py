@@ -192,7 +192,11 @@ class Trainer:
             remove_stale_temp(self.output_dir)
             self.stop_signal = None
             if self.executor is None:
-                self._prepare()
+                stop.at_once = True  # start-up: no step to finish, nothing to save; a Ctrl-C stops it now
+                try:
+                    self._prepare()
+                finally:
+                    stop.at_once = False
             try:
                 self._loop(stop)
             except Exception:

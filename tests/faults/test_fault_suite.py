@@ -100,13 +100,15 @@ def test_viz_into_a_folder_that_cannot_be_created(capsys):
 
 
 def test_ctrl_c_during_start_up(tiny_model_dir, tmp_path):
-    """SIGINT as the run starts (its first line is printed while it prepares): a one-line stop, no traceback."""
-    proc = start(["run", *run_overrides(tiny_model_dir, tmp_path / "run", max_steps=1000)])
+    """SIGINT as the run starts (its first line is printed while it prepares): it stops then, in one line."""
+    out = tmp_path / "run"
+    proc = start(["run", *run_overrides(tiny_model_dir, out, max_steps=1000)])
     proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     status, _, stderr = finish(proc)
-    assert "Traceback" not in stderr and status in (130, -signal.SIGINT), stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].startswith("hybridflow run: ")
+    assert "Traceback" not in stderr and status == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("hybridflow run: interrupted, stopped at once")
+    assert not (out / "metrics.jsonl").exists()  # stopped before step 0, not after it
 
 
 @pytest.mark.parametrize("source, phrases", [
