@@ -239,3 +239,10 @@ def test_an_example_script_reports_a_read_only_folder_in_one_line(tmp_path):
         assert_named_error(*finish(proc)[::2], "minimal_ppo.py", "output_dir 'runs/minimal_ppo'", "cannot write")
     finally:
         restore_modes(runs)
+
+
+def test_split_placement_says_why_it_does_not_apply(tiny_model_dir, tmp_path, capsys):
+    """GRPO has no device role besides actor and ref (its rule reward runs on the host): split has no second half."""
+    assert main(["run", *run_overrides(tiny_model_dir, tmp_path / "run", algorithm="grpo", placement="split")]) == 1
+    assert_named_error(1, capsys.readouterr().err, "run", "strategy 'split'", "['actor', 'ref']", "one half would be empty",
+                       "'colocate' or 'auto'")
