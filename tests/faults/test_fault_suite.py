@@ -241,8 +241,10 @@ def test_an_example_script_reports_a_read_only_folder_in_one_line(tmp_path):
         restore_modes(runs)
 
 
-def test_split_placement_says_why_it_does_not_apply(tiny_model_dir, tmp_path, capsys):
-    """GRPO has no device role besides actor and ref (its rule reward runs on the host): split has no second half."""
-    assert main(["run", *run_overrides(tiny_model_dir, tmp_path / "run", algorithm="grpo", placement="split")]) == 1
-    assert_named_error(1, capsys.readouterr().err, "run", "strategy 'split'", "['actor', 'ref']", "one half would be empty",
-                       "'colocate' or 'auto'")
+def test_split_placement_says_why_it_does_not_apply(tmp_path, capsys):
+    """GRPO with a rule reward has no device role besides actor and ref (the reward runs on the host): split has
+    no second half. (``hybridflow run algorithm=grpo placement=split`` says the same, after loading the model.)"""
+    assert main(["compile", "grpo", "--cluster", "h100-80g:1", "--model", "actor=llama2-7b", "reward=rule",
+                 "--placement", "split", "-o", str(tmp_path / "plan.json")]) == 1
+    assert_named_error(1, capsys.readouterr().err, "compile", "strategy 'split'", "['actor', 'ref']",
+                       "one half would be empty", "'colocate' or 'auto'")
