@@ -218,6 +218,7 @@ class Trainer:
                 self.step += 1
                 try:
                     metrics = self.train_step(self._next_rows())
+                    ended = self._end_of_step(metrics, deadline, stop)  # a worker may die in its checkpoint write too
                 except WorkerLostError as err:
                     if stop.requested:  # the signal reached the workers too: the step is abandoned
                         self.step, lost = self.step - 1, err
@@ -225,7 +226,7 @@ class Trainer:
                     restarts = self._recover(err, restarts)
                     del self.history[max(0, self.step - first):]
                     continue
-                if self._end_of_step(metrics, deadline, stop):
+                if ended:
                     break
             if stop.requested:
                 self._stop_on_signal(stop, lost)
