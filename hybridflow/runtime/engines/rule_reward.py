@@ -135,8 +135,11 @@ class RuleRewardSource:
                               f"{index} (data_source={data_source!r}); it may loop or wait for ever. Fix the function, "
                               "or raise reward_timeout_s if it is just slow") from None
         except Exception as err:  # a user function: report which sample broke it
+            hint = ("; it uses signals (e.g. signal.alarm for its own time limit), which work only in the main "
+                    "thread: set reward_timeout_s=null to call it there (without hybridflow's time limit)"
+                    if self.timeout_s is not None and "main thread" in str(err) else "")
             raise RewardError(f"compute_score failed on sample {index} (data_source={data_source!r}): "
-                              f"{type(err).__name__}: {err}") from err
+                              f"{type(err).__name__}: {err}{hint}") from err
 
     def score(self, batch) -> RewardOutput:
         """Scores ``(b,)`` float32 of every response in ``batch``, and the dict results' extra keys."""
