@@ -163,9 +163,12 @@ def run_compute(node: Node, env: Mapping[str, Batch]) -> Batch:
     """A controller node: the registered op on the gathered tensors, its outputs by their declared names."""
     spec = get_op(node.op)
     batch = gather(node, env)
-    outputs = spec.fn(*(batch[f.name] for f in spec.inputs), **dict(node.attrs.params))
+    inputs = {f.name: batch[f.name] for f in spec.inputs}
+    guard = contracts.InputGuard(node, inputs) if contracts.enabled() else None
+    outputs = spec.fn(*inputs.values(), **dict(node.attrs.params))
     if isinstance(outputs, torch.Tensor) and len(spec.outputs) == 1:
         outputs = (outputs,)  # an op with one output may return the bare tensor
-    if contracts.enabled():
+    if guard is not None:
+        guard.check()
         contracts.check_compute_results(node, batch, outputs, spec.finite_outputs)
     return Batch({f.name: value for f, value in zip(spec.outputs, outputs)})

@@ -90,10 +90,12 @@ class PPOConfig(BaseModel):
     ref_model_name: str | None = Field(None, description="Reference model for the KL term; None: the actor's initial model.")
     reward_model_name: str | None = Field(None, description="Sequence-classification reward model (path or hub name); a causal-LM checkpoint gets a new score head. None: the rule reward `reward_fn`.")
     reward_fn: str = Field("hybridflow_ops.rewards:default_compute_score", description="Rule reward `module:function` with the signature compute_score(data_source, solution_str, ground_truth, extra_info=None).")
+    reward_timeout_s: float | None = Field(300.0, gt=0, description="Longest a rule reward function (reward_fn, cost_fn) may take on one response before the run stops with a RewardError naming the sample; a first Ctrl-C while it runs stops the run within this bound. The function then runs on a helper thread; None: call it on the main thread (a function that sets signal handlers, e.g. signal.alarm, needs that) and wait for ever.")
     unfinished_score: float | None = Field(0.0, description="Score of a response that hit the length limit without EOS (None: score it like the others).")
     # -- data -----------------------------------------------------------------
     train_files: str | None = Field(None, description="Prompt dataset (.jsonl or .parquet with prompt, ground_truth, data_source). None: the built-in arithmetic task (all 100 prompts 'a+b=').")
     val_files: str | None = Field(None, description="Held-out prompts for validation; None: the training prompts.")
+    empty_prompts: Literal["error", "skip"] = Field("error", description="A row whose prompt is empty (blank text, no chat message with content): 'error' refuses the dataset naming the rows, 'skip' leaves them out with a warning that counts them.")
     apply_chat_template: bool = Field(False, description="Format prompts with the tokenizer's chat template.")
     max_prompt_length: int = Field(512, ge=1, description="Prompts longer than this are an error.")
     max_response_length: int = Field(256, ge=1, description="Maximum new tokens per response.")

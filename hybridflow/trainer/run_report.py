@@ -52,22 +52,50 @@ def quiet_libraries() -> None:
 
 
 def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
-    """Draw the algorithm graph (DOT, and SVG with Graphviz) and write the Chrome trace; returns their paths."""
+    """Draw the algorithm graph (DOT, and SVG with Graphviz) and write the Chrome trace; returns their paths.
+
+    A trace.json or timing.txt an earlier run left (the run this one resumed) is kept beside the new one as
+    ``trace.1.json`` / ``timing.1.txt`` (the first free number), not replaced. A file that cannot be written
+    is a WriteError naming it.
+    """
+    from ..errors import WriteError
     from ..runtime.spans import write_chrome_trace
     from ..viz.graph import draw_graph
 
     out = trainer.output_dir
-    drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph")
-    paths = {"graph": drawn.svg or drawn.dot}
-    if trainer.executor is not None and trainer.executor.recorder.spans:
-        # one track per worker on Ray (trace_spans), one per device locally
-        paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), out / "trace.json")
-        spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
-        table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
-        (out / "timing.txt").write_text(table + "\n")
-        paths["timing"] = out / "timing.txt"
-        trainer.timing_table = table
+    try:
+        drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph")
+        paths = {"graph": drawn.svg or drawn.dot}
+        if trainer.executor is not None and trainer.executor.recorder.spans:
+            trace, timing = out / "trace.json", out / "timing.txt"
+            for path in (trace, timing):
+                _keep_earlier(path, trainer)
+            # one track per worker on Ray (trace_spans), one per device locally
+            paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), trace)
+            spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
+            table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
+            timing.write_text(table + "\n")
+            paths["timing"] = timing
+            trainer.timing_table = table
+            trainer.written_artifacts.update((trace, timing))
+    except OSError as err:
+        raise WriteError("the run's drawing, trace or timing table cannot be written (metrics.jsonl and the "
+                         "checkpoints are complete)", err) from None
     return paths
+
+
+def _keep_earlier(path: Path, trainer: "Trainer") -> None:
+    """Rename a ``path`` this trainer did not write (an earlier run's) to ``<stem>.<n><suffix>``, the first free n."""
+    import logging
+    import os
+
+    if not path.is_file() or path in trainer.written_artifacts:
+        return
+    number = 1
+    while (aside := path.with_name(f"{path.stem}.{number}{path.suffix}")).exists():
+        number += 1
+    os.replace(path, aside)
+    logging.getLogger("hybridflow.trainer").info("the earlier run's %s is kept as %s", path.name, aside.name)
 
 
 def validation_history(trainer: "Trainer") -> dict[int, dict[str, float]]:

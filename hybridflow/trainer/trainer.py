@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..algorithms.resolve import check_algorithm_args, import_modules, resolve_algorithm
-from ..errors import WorkerLostError
+from ..errors import WorkerLostError, WriteError
 from ..graph import Graph
 from ..runtime.contracts import set_enabled as set_contract_checks
 from ..runtime.roles import RoleSpec
@@ -78,6 +78,8 @@ class Trainer:
         self._ahead: tuple[list[dict], Any] | None = None
         """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
         self._validation_plan = None
+        self.written_artifacts: set[Path] = set()
+        """trace.json and timing.txt as this trainer wrote them (an earlier run's are kept aside, not replaced)."""
         self._prompt_tokens: dict = {}
         """Token ids of every prompt seen (the dataset is tokenised once, not every epoch)."""
 
@@ -137,7 +139,10 @@ class Trainer:
         self.run_spec = derive(cfg, self.graph, self.machine, inputs, reward_source=self._reward_source)
         self.plan = plan_for_run(cfg, self.run_spec)
         log.info("plan (%s, %s): %s", self.plan.strategy, self.plan.machine, plan_summary(self.plan))
-        (self.output_dir / "plan.json").write_text(self.plan.to_json())
+        try:
+            (self.output_dir / "plan.json").write_text(self.plan.to_json())
+        except OSError as err:
+            raise WriteError("the run's plan cannot be written", err, self.output_dir / "plan.json") from None
         recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
         if cfg.executor == "ray":
             from ..runtime.ray import RayExecutor
@@ -172,7 +177,11 @@ class Trainer:
             remove_stale_temp(self.output_dir)
             self.stop_signal = None
             if self.executor is None:
-                self._prepare()
+                stop.at_once = True  # start-up: no step to finish, nothing to save; a Ctrl-C stops it now
+                try:
+                    self._prepare()
+                finally:
+                    stop.at_once = False
             try:
                 self._loop(stop)
             except Exception:
@@ -194,6 +203,7 @@ class Trainer:
                 self.step += 1
                 try:
                     metrics = self.train_step(self._next_rows())
+                    ended = self._end_of_step(metrics, deadline, stop)  # a worker may die in its checkpoint write too
                 except WorkerLostError as err:
                     if stop.requested:  # the signal reached the workers too: the step is abandoned
                         self.step, lost = self.step - 1, err
@@ -201,7 +211,7 @@ class Trainer:
                     restarts = self._recover(err, restarts)
                     del self.history[max(0, self.step - first):]
                     continue
-                if self._end_of_step(metrics, deadline, stop):
+                if ended:
                     break
             if stop.requested:
                 self._stop_on_signal(stop, lost)
@@ -267,6 +277,9 @@ class Trainer:
         self.executor.restart()
         self._ahead = None  # its generation died with the workers
         resume_newest(self)
+        for tracker in self._trackers or ():  # the steps after the checkpoint are run again: log each step once
+            if hasattr(tracker, "rewind"):
+                tracker.rewind(self.step)
         return used + 1
 
     def _next_rows(self) -> list[dict]:
