@@ -9,6 +9,7 @@ from __future__ import annotations
 from hybridflow_ops.rewards import arithmetic
 
 from .env import register_env
+from .tool_calls import ToolCallFormat
 from .tool_env import ToolEnv
 
 __all__ = ["CalcEnv", "CalcPythonEnv"]
@@ -27,6 +28,8 @@ class CalcEnv(ToolEnv):
 
 @register_env("calc_python")
 class CalcPythonEnv(CalcEnv):
-    """The calculator by default, and ``[python: print(...)]`` runs a program in the sandbox."""
+    """``<tool>python: print(...)</tool>`` runs a program in the sandbox, ``<tool>12*3</tool>`` the calculator;
+    results come back as ``<result>...</result>``."""
 
     tool_names = ("calc", "python")
+    format = ToolCallFormat(open="<tool>", close="</tool>", result_open="<result>", result_close="</result>")

@@ -47,7 +47,8 @@ __all__ = ["SandboxLimits", "run_python", "python_tool", "PRELOADED"]
 
 NOBODY = 65534
 PRELOADED = ("math", "re", "json", "itertools", "functools", "collections", "random", "string", "fractions",
-             "decimal", "statistics", "heapq", "bisect", "operator", "time", "socket")
+             "decimal", "statistics", "heapq", "bisect", "operator", "time", "socket",
+             "encodings.idna")
 MAX_CODE_CHARS = 20_000
 
 

@@ -2,11 +2,14 @@
 
 A model's turn calls a tool by writing ``OPEN name: arguments CLOSE`` (with the default
 :class:`ToolCallFormat`, ``[calc: 12+34+56]``), or ``OPEN arguments CLOSE`` to call the
-environment's default tool (``[12+34+56]``). A turn without ``OPEN`` is a final answer.
+environment's default tool (``[12+34+56]``). A turn without ``OPEN`` is a final answer. The
+arguments run from the first ``OPEN`` to the last ``CLOSE``, so they may contain the markers;
+but the rollout loop ends a turn at a one-token ``CLOSE``, so a tool whose arguments contain it
+(Python code and ``]``) needs a format whose closing marker they do not (``calc_python`` uses
+``<tool>...</tool>``).
 
 :func:`parse_tool_call` returns a :class:`ToolCall`, a :class:`MalformedCall` (an opening
-marker without its closing one, an empty call, text after the call, a second call) or None
-(no call). It never raises: whatever a model writes, the environment gets something it can
+marker without a closing one, an empty call, text after the call) or None (no call). It never raises: whatever a model writes, the environment gets something it can
 turn into an observation.
 """
 from __future__ import annotations
@@ -72,13 +75,11 @@ def parse_tool_call(text: str, fmt: ToolCallFormat = ToolCallFormat(),
     start = text.find(fmt.open)
     if start < 0:
         return None
-    end = text.find(fmt.close, start + len(fmt.open))
+    end = text.rfind(fmt.close, start + len(fmt.open))
     if end < 0:
         return MalformedCall(f"tool call opened with {fmt.open!r} but never closed with {fmt.close!r}")
     body = text[start + len(fmt.open):end]
     rest = text[end + len(fmt.close):]
-    if fmt.open in body:
-        return MalformedCall(f"tool call contains a second {fmt.open!r} before its {fmt.close!r}")
     if rest.strip():
         return MalformedCall(f"text after the tool call: {rest.strip()[:40]!r}; end the turn with {fmt.close!r}")
     name = None
