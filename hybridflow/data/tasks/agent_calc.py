@@ -5,9 +5,10 @@ the sum). With the ``calc`` environment the model may write ``[a+b+c]``, read ``
 answer; the rule reward of ``agent_calc`` is the arithmetic one (exactly the sum).
 
 :func:`call_format_segments` makes the transcripts of the format warm-up: a correct call, the
-calculator's real answer (an observation: not trained on) and a final answer that is *not*
-the sum (its last digit changed), so the warm-up teaches how to call and where to answer,
-and never the answer: reading it off the observation is left to RL.
+calculator's real answer (an observation: not trained on) and a final answer drawn at random
+among the possible sums, never the right one and independent of the observation, so the
+warm-up teaches how to call and where to answer, and never the answer: reading it off the
+observation is left to RL.
 
 Command line::
 
@@ -22,7 +23,8 @@ from typing import Any
 
 from ..datasets import write_prompt_dataset
 
-__all__ = ["ALPHABET", "DATA_SOURCE", "make_sum3_rows", "call_format_segments", "direct_answer_segments", "main"]
+__all__ = ["ALPHABET", "DATA_SOURCE", "make_sum3_rows", "random_wrong_sum", "call_format_segments", "direct_answer_segments",
+           "main"]
 
 DATA_SOURCE = "agent_calc"
 #: the prompts, calls, observations (results and error messages) and answers
@@ -42,21 +44,25 @@ def make_sum3_rows(count: int, *, seed: int = 0, low: int = 10, high: int = 99) 
     return rows
 
 
-def _wrong(truth: str, rng: random.Random) -> str:
-    """``truth`` with its last digit replaced by another digit."""
-    digit = rng.choice([d for d in "0123456789" if d != truth[-1]])
-    return truth[:-1] + digit
+def random_wrong_sum(row: dict, rng: random.Random) -> str:
+    """A uniformly random sum of three two-digit numbers (30..297) that is not the row's answer."""
+    truth = int(row["ground_truth"])
+    value = truth
+    while value == truth:
+        value = rng.randint(30, 297)
+    return str(value)
 
 
 def call_format_segments(row: dict, rng: random.Random) -> list[tuple[str, bool]]:
-    """``[(text, trained), ...]``: the call ``[a+b+c]``, the observation ``{sum}``, a wrong final answer."""
+    """``[(text, trained), ...]``: the call ``[a+b+c]``, the observation ``{sum}``, then a random wrong final answer
+    (:func:`random_wrong_sum`, independent of the observation)."""
     expression = row["prompt"].rstrip("=")
-    return [(f"[{expression}]", True), ("{" + row["ground_truth"] + "}", False), (_wrong(row["ground_truth"], rng), True)]
+    return [(f"[{expression}]", True), ("{" + row["ground_truth"] + "}", False), (random_wrong_sum(row, rng), True)]
 
 
 def direct_answer_segments(row: dict, rng: random.Random) -> list[tuple[str, bool]]:
-    """The no-tool baseline's warm-up: a wrong final answer straight away (same last-digit rule)."""
-    return [(_wrong(row["ground_truth"], rng), True)]
+    """The no-tool baseline's warm-up: a random wrong final answer straight away."""
+    return [(random_wrong_sum(row, rng), True)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

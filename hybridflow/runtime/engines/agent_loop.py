@@ -23,8 +23,9 @@ observation too). Outputs (``B = prompts x n`` rows, ``R = max_total_tokens``):
   the turn it answers; the one from ``reset`` to turn 0), -1 at padding,
 - ``num_turns`` int64[B], ``env_reward`` float32[B] (sum of step rewards), ``tool_calls`` and
   ``tool_errors`` int64[B] (sums of the steps' ``info`` counts),
-- columns ``responses`` (the last model turn's text: the final answer) and ``trajectories``
-  (the whole trajectory's text, for logs).
+- columns ``responses`` (the last model turn's text: the final answer), ``trajectories``
+  (the whole trajectory's text), ``agent_segments`` (JSON: each turn and observation's text and
+  ids) and ``agent_steps`` (JSON: each step's reward, done and info), for logs.
 """
 from __future__ import annotations
 
@@ -77,9 +78,12 @@ class _Sample:
     tool_errors: int = 0
     last_turn: list[int] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
+    segments: list[tuple[bool, int]] = field(default_factory=list)
     done: bool = False
 
     def append(self, ids: Sequence[int], log_probs: Sequence[float] | None, turn: int) -> None:
+        if ids:
+            self.segments.append((log_probs is not None, len(ids)))
         self.ids.extend(ids)
         self.mask.extend([1.0 if log_probs is not None else 0.0] * len(ids))
         self.log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
@@ -232,4 +236,16 @@ def agent_rollout(model: torch.nn.Module, tokenizer, batch: Batch, params: Sampl
                for s in samples]
     texts = [tokenizer.decode(s.ids, skip_special_tokens=False) for s in samples]
     steps = [json.dumps(s.steps) for s in samples]
-    return repeated.with_fields(**fields, responses=answers, trajectories=texts, agent_steps=steps)
+    segments = [json.dumps(_segment_texts(s, tokenizer)) for s in samples]
+    return repeated.with_fields(**fields, responses=answers, trajectories=texts, agent_steps=steps,
+                                agent_segments=segments)
+
+
+def _segment_texts(sample: _Sample, tokenizer) -> list[dict[str, Any]]:
+    """The trajectory as ``[{"model": bool, "text": ..., "ids": [...]}, ...]``, one entry per turn or observation."""
+    out, at = [], 0
+    for is_model, length in sample.segments:
+        ids = sample.ids[at:at + length]
+        out.append({"model": is_model, "text": tokenizer.decode(ids, skip_special_tokens=False), "ids": ids})
+        at += length
+    return out
