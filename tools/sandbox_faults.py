@@ -5,7 +5,7 @@ waits for: the call parsed, the sandbox started, the program stopped, the observ
 time, then all together on the environment's thread pool as one rollout's tool calls would run,
 to show that the batch takes as long as its slowest limit and not the sum.
 
-Run: python tools/sandbox_faults.py [--cpu 2 --wall 5 --memory 256]
+Run: python tools/sandbox_faults.py [--cpu 2 --wall 5 --memory 256] [--cases 'fork bomb' ...]
 """
 from __future__ import annotations
 
@@ -36,7 +36,10 @@ def main(argv=None) -> None:
     parser.add_argument("--cpu", type=int, default=2)
     parser.add_argument("--wall", type=float, default=5.0)
     parser.add_argument("--memory", type=int, default=256)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES), metavar="CASE",
+                        help=f"the cases to run (default: all): {', '.join(CASES)}")
     args = parser.parse_args(argv)
+    cases = {name: CASES[name] for name in args.cases}
     limits = SandboxLimits(cpu_s=args.cpu, wall_s=args.wall, memory_mb=args.memory)
     register_tool("python")(lambda code: run_python(code, limits))  # the env's python tool, with these limits
     print(f"limits: cpu {limits.cpu_s} s, wall {limits.wall_s:g} s, memory {limits.memory_mb} MiB, "
@@ -51,15 +54,15 @@ def main(argv=None) -> None:
         observation, _, _, info = env.step(f"<tool>python: {code}</tool>")
         return observation, info.get("tool_limit"), time.perf_counter() - start
 
-    for name, code in CASES.items():
+    for name, code in cases.items():
         observation, limit, seconds = one(code)
         shown = observation.replace("\n", " ")
         print(f"{name:22s} {str(limit):11s} {seconds:13.2f} s  {shown[:60]}{'...' if len(shown) > 60 else ''}")
     start = time.perf_counter()
-    with cf.ThreadPoolExecutor(len(CASES)) as pool:
-        results = list(pool.map(one, CASES.values()))
+    with cf.ThreadPoolExecutor(len(cases)) as pool:
+        results = list(pool.map(one, cases.values()))
     total = time.perf_counter() - start
-    print(f"\nall {len(CASES)} at once on one thread pool: {total:.2f} s in all (slowest case "
+    print(f"\nall {len(cases)} at once on one thread pool: {total:.2f} s in all (slowest case "
           f"{max(r[2] for r in results):.2f} s, sum of cases {sum(r[2] for r in results):.2f} s)")
 
 

@@ -7,14 +7,15 @@ Reward 1 for exactly the sum, 0 otherwise.
 
 1. Format warm-up (``turns_warmup``): transcripts ``[a+b+c]{sum}W`` where the call is correct,
    ``{sum}`` is the calculator's real answer (an observation: masked out, never trained on) and
-   the final answer W is the sum with its last digit changed: the warm-up teaches how to call
-   and where to answer, and never a right answer (greedy accuracy after it is ~0).
+   the final answer W is always wrong, the sum with its last digit one higher: the warm-up
+   teaches how to call and where and in what shape to answer, and never a right answer
+   (greedy accuracy after it is ~0; see hybridflow/data/tasks/agent_calc.py for the choice).
 2. GRPO over multi-turn trajectories (``hybridflow.algorithms.agent_grpo``): 32 prompts a step,
    8 trajectories each, at most 3 turns of 12 tokens, 40 tokens in all; observations never in
    the loss. Stops once held-out greedy accuracy reaches ``--target``.
 
 ``--no-tool``: the same task, model and RL budget without the calculator (single-turn GRPO,
-warm-up on wrong answers in the same last-digit-changed form), for comparison.
+warm-up on the same off-by-one answers given straight away), for comparison.
 
 Run: python examples/agent_calc/train.py [--out runs/agent_calc] [--seed 0] [--max-time 900] [--no-tool]
 Prints the accuracy curve; writes metrics.jsonl, trajectories.jsonl and curve.json to --out.

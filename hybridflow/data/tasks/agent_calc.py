@@ -5,10 +5,13 @@ the sum). With the ``calc`` environment the model may write ``[a+b+c]``, read ``
 answer; the rule reward of ``agent_calc`` is the arithmetic one (exactly the sum).
 
 :func:`call_format_segments` makes the transcripts of the format warm-up: a correct call, the
-calculator's real answer (an observation: not trained on) and a final answer drawn at random
-among the possible sums, never the right one and independent of the observation, so the
-warm-up teaches how to call and where to answer, and never the answer: reading it off the
-observation is left to RL.
+calculator's real answer (an observation: not trained on) and a final answer that is always
+wrong: the sum with its last digit one higher (:func:`off_by_one`). The warm-up teaches how to
+call and where and in what shape to answer, and never a right answer: answering exactly what
+the calculator said is left to RL. (A wrong answer drawn at random among all sums,
+:func:`random_wrong_sum`, gives RL no signal: 1 right sample in ~270; one with a random last
+digit leaves greedy accuracy at ~0.1 after the warm-up, the share of sums ending in the digit
+the model prefers.)
 
 Command line::
 
@@ -23,7 +26,7 @@ from typing import Any
 
 from ..datasets import write_prompt_dataset
 
-__all__ = ["ALPHABET", "DATA_SOURCE", "make_sum3_rows", "random_wrong_sum", "call_format_segments", "direct_answer_segments",
+__all__ = ["ALPHABET", "DATA_SOURCE", "make_sum3_rows", "off_by_one", "random_wrong_sum", "call_format_segments", "direct_answer_segments",
            "main"]
 
 DATA_SOURCE = "agent_calc"
@@ -44,6 +47,12 @@ def make_sum3_rows(count: int, *, seed: int = 0, low: int = 10, high: int = 99) 
     return rows
 
 
+def off_by_one(row: dict, rng: random.Random) -> str:
+    """The row's answer with its last digit one higher (9 -> 0): wrong, always, and in the answer's shape."""
+    truth = row["ground_truth"]
+    return truth[:-1] + str((int(truth[-1]) + 1) % 10)
+
+
 def random_wrong_sum(row: dict, rng: random.Random) -> str:
     """A uniformly random sum of three two-digit numbers (30..297) that is not the row's answer."""
     truth = int(row["ground_truth"])
@@ -54,15 +63,15 @@ def random_wrong_sum(row: dict, rng: random.Random) -> str:
 
 
 def call_format_segments(row: dict, rng: random.Random) -> list[tuple[str, bool]]:
-    """``[(text, trained), ...]``: the call ``[a+b+c]``, the observation ``{sum}``, then a random wrong final answer
-    (:func:`random_wrong_sum`, independent of the observation)."""
+    """``[(text, trained), ...]``: the call ``[a+b+c]``, the observation ``{sum}``, then a wrong final answer
+    (:func:`off_by_one`)."""
     expression = row["prompt"].rstrip("=")
-    return [(f"[{expression}]", True), ("{" + row["ground_truth"] + "}", False), (random_wrong_sum(row, rng), True)]
+    return [(f"[{expression}]", True), ("{" + row["ground_truth"] + "}", False), (off_by_one(row, rng), True)]
 
 
 def direct_answer_segments(row: dict, rng: random.Random) -> list[tuple[str, bool]]:
-    """The no-tool baseline's warm-up: a random wrong final answer straight away."""
-    return [(random_wrong_sum(row, rng), True)]
+    """The no-tool baseline's warm-up: the same wrong final answer (:func:`off_by_one`) straight away."""
+    return [(off_by_one(row, rng), True)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
