@@ -46,5 +46,8 @@ def env_scores(env_reward: torch.Tensor) -> EnvScores:
     """A multi-turn rollout's environment reward (summed over its steps) as the scores advantages read.
 
     Shapes: env_reward ``(b,)`` -> scores ``(b,)``.
+
+    Reference: the undiscounted episodic return of Sutton and Barto 2018, "Reinforcement Learning: An
+    Introduction", eq. 3.7, as multi-turn agent RL uses it (Zhou et al. 2024, ArCHer, arXiv 2402.19446).
     """
     return EnvScores(env_reward.to(torch.float32).clone())
