@@ -38,6 +38,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridflow.agents.env import as_step_result, resolve_env
+from hybridflow.capabilities import AGENT_DEFAULTS
 from hybridflow.errors import AgentError
 
 from ...batch import Batch
@@ -56,9 +57,9 @@ class AgentParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     env: str = Field(description="The environment: a registered name or 'package.module:Class'.")
-    max_turns: int = Field(4, ge=1, description="Model turns per sample at most.")
-    max_tokens_per_turn: int = Field(32, ge=1, description="Tokens one model turn may sample.")
-    max_total_tokens: int = Field(128, ge=1, description="Tokens of a trajectory (model and observation) at most; R.")
+    max_turns: int = Field(AGENT_DEFAULTS["max_turns"], ge=1, description="Model turns per sample at most.")
+    max_tokens_per_turn: int = Field(AGENT_DEFAULTS["max_tokens_per_turn"], ge=1, description="Tokens one model turn may sample.")
+    max_total_tokens: int = Field(AGENT_DEFAULTS["max_total_tokens"], ge=1, description="Tokens of a trajectory (model and observation) at most; R.")
     tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) concurrently.")
     gather_s: float = Field(0.005, ge=0.0, description="Steps finishing this long after the first join its decoding batch.")
 
