@@ -170,7 +170,12 @@ class _Loop:
     def run(self, samples: list[_Sample]) -> None:
         self.stop_ids = _stop_ids(self.tokenizer, samples[0].env) if samples else ()
         for sample in samples:
-            self.observe(sample, sample.env.reset(sample.row), 0)
+            try:
+                first = sample.env.reset(sample.row)
+            except Exception as err:
+                raise AgentError(f"environment {type(sample.env).__name__}.reset failed on prompt "
+                                 f"{sample.row.get('prompt')!r}: {type(err).__name__}: {err}") from err
+            self.observe(sample, first, 0)
         ready = [s for s in samples if not s.done]
         pending: dict[cf.Future, _Sample] = {}
         with cf.ThreadPoolExecutor(self.agent.tool_workers, thread_name_prefix="hf-env") as pool:
@@ -185,11 +190,21 @@ class _Loop:
                     cf.wait(pending, timeout=self.agent.gather_s, return_when=cf.ALL_COMPLETED)
                 for future in [f for f in pending if f.done()]:
                     sample = pending.pop(future)
-                    self.apply_step(sample, future.result())
+                    self.apply_step(sample, _result(future, sample))
                     if not sample.done and len(sample.ids) < self.agent.max_total_tokens:
                         ready.append(sample)
                     else:
                         sample.done = True
+
+
+def _result(future: cf.Future, sample: _Sample) -> Any:
+    """A step's return value; an environment that raised is a bug of the environment, named (a model's
+    mistakes are observations, which the environment makes)."""
+    try:
+        return future.result()
+    except Exception as err:
+        raise AgentError(f"environment {type(sample.env).__name__}.step raised {type(err).__name__}: {err} "
+                         "(an environment turns what the model did wrong into an observation)") from err
 
 
 def _fields(samples: Sequence[_Sample], width: int, pad_id: int) -> dict[str, Any]:

@@ -185,3 +185,21 @@ def test_an_unknown_environment_is_named(setup):
         engine.generate_agentic(prompts, SamplingParams(), AgentParams(env="no_such_env"))
     with pytest.raises(AgentError, match="cannot import"):
         engine.generate_agentic(prompts, SamplingParams(), AgentParams(env="no_such_module:Env"))
+
+
+class BrokenEnv:
+    def reset(self, prompt):
+        return ""
+
+    def step(self, action):
+        raise KeyError("oops")
+
+
+register_env("test_broken")(BrokenEnv)
+
+
+def test_an_environment_that_raises_is_named(setup):
+    tokenizer, model, prompts = setup
+    engine = HFRolloutEngine(model, tokenizer=tokenizer)
+    with pytest.raises(AgentError, match="BrokenEnv.step raised KeyError"):
+        engine.generate_agentic(prompts, SamplingParams(), AgentParams(env="test_broken", max_tokens_per_turn=2))
