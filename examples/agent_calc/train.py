@@ -12,8 +12,15 @@ Reward 1 for exactly the sum, 0 otherwise.
    (greedy accuracy after it is ~0; see hybridflow/data/tasks/agent_calc.py for the choice).
 2. GRPO over multi-turn trajectories (``hybridflow.algorithms.agent_grpo``): 32 prompts a step,
    8 trajectories each, at most 3 turns of 12 tokens, 40 tokens in all; observations never in
-   the loss; a weak KL loss (0.001) to the warmed-up model, an entropy bonus (0.01), LR 2e-3
-   cosine-decayed. Stops once held-out greedy accuracy reaches ``--target``.
+   the loss; a KL loss (0.01) to the warmed-up model, an entropy bonus (0.001), LR 2e-3
+   cosine-decayed over 1,000 steps. Stops once held-out greedy accuracy reaches ``--target``.
+
+Why these numbers (seed 1, the slowest seed tried while choosing): 300 warm-up steps with KL 0.05
+and entropy 0.01 reached 0.69 after 260 RL steps; KL 0.01 with entropy 0.001 reached 0.71 after
+170; with 100 warm-up steps greedy accuracy was already 0.15 before RL (the off-by-one answer not
+yet learned, the model's favourite last digit right one time in ten); KL 0.001 with entropy 0.01
+turned seed 0's policy uniform before any sample was right; entropy 0.01 with KL 0.01 was at 0.13
+after 80 steps. 200 warm-up steps, KL 0.01, entropy 0.001: 0.86 after 100 steps on seed 1.
 
 ``examples/agent_calc/config.yaml`` is step 2 as a run file, for the model and data this script
 wrote (``hybridflow run examples/agent_calc/config.yaml``).
@@ -51,15 +58,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--target", type=float, default=0.9, help="stop once held-out greedy accuracy reaches this")
     parser.add_argument("--prompts", type=int, default=32, help="prompts per step")
     parser.add_argument("--samples", type=int, default=8, help="trajectories per prompt")
-    parser.add_argument("--warmup-steps", type=int, default=300, help="format warm-up steps")
+    parser.add_argument("--warmup-steps", type=int, default=200, help="format warm-up steps (100 left greedy accuracy at 0.15 on seed 1: the off-by-one answer not yet learned)")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--kl-coef", type=float, default=0.01,
                         help="weight of the KL loss to the warmed-up model (which answers off by one: a strong pull "
-                             "back to it slows RL; 0.05 left seed 1 at 0.69 after 260 steps)")
-    parser.add_argument("--entropy-coef", type=float, default=0.01,
-                        help="entropy bonus (0.01 with a KL of 0.001 drove seed 0 to a uniform policy before any "
-                             "sample was right)")
+                             "back to it slows RL)")
+    parser.add_argument("--entropy-coef", type=float, default=0.001,
+                        help="entropy bonus (see the module docstring for the values tried)")
     parser.add_argument("--no-tool", action="store_true", help="the baseline: answer directly, no calculator")
     parser.add_argument("--warmup-only", action="store_true",
                         help="stop after writing the data and the warmed-up model (for config.yaml)")
