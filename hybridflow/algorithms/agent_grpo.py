@@ -8,7 +8,7 @@ role's score of its final answer (``reward_from="reward"``, which validation use
 environment's summed reward (``reward_from="env"``); advantages are normalised within each
 prompt's group as in GRPO (Shao et al. 2024, sec. 4.1).
 
-Use it as ``algorithm: hybridflow.algorithms.agent_grpo:agent_grpo`` (``examples/agent_calc``).
+Use it as ``algorithm: agent_grpo`` (``examples/agent_calc``).
 """
 from __future__ import annotations
 
@@ -22,10 +22,7 @@ def agent_grpo(prompts, actor, ref, reward, *, env="calc", n=8, max_turns=3, max
                entropy_coef=0.0):
     rollout = actor.generate(prompts, n=n, env=env, max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
                              max_total_tokens=max_total_tokens)
-    if recompute_old_log_probs:
-        old_logp = actor.logprob(rollout)
-    else:
-        old_logp = hf.compute("old_log_probs_from_rollout", rollout)
+    old_logp = actor.logprob(rollout) if recompute_old_log_probs else hf.compute("old_log_probs_from_rollout", rollout)
     scores = hf.compute("env_scores", rollout) if reward_from == "env" else reward.score(rollout)
     adv = hf.compute("grpo_advantage", rollout, scores, norm_by_std=norm_by_std)
     policy_loss = hf.loss("ppo_clip", clip_low=clip_ratio, clip_high=clip_ratio, loss_agg_mode=loss_agg_mode)
