@@ -17,11 +17,11 @@ import hybridflow as hf
 
 @hf.algorithm
 def agent_grpo(prompts, actor, ref, reward, *, env="calc", n=8, max_turns=3, max_tokens_per_turn=16,
-               max_total_tokens=48, reward_from="reward", norm_by_std=True, clip_ratio=0.2, kl_loss=True,
+               max_total_tokens=48, observation_role=None, reward_from="reward", norm_by_std=True, clip_ratio=0.2, kl_loss=True,
                kl_coef=0.001, kl_type="low_var_kl", loss_agg_mode="token-mean", recompute_old_log_probs=True,
                entropy_coef=0.0):
     rollout = actor.generate(prompts, n=n, env=env, max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
-                             max_total_tokens=max_total_tokens)
+                             max_total_tokens=max_total_tokens, observation_role=observation_role)
     old_logp = actor.logprob(rollout) if recompute_old_log_probs else hf.compute("old_log_probs_from_rollout", rollout)
     scores = hf.compute("env_scores", rollout) if reward_from == "env" else reward.score(rollout)
     adv = hf.compute("grpo_advantage", rollout, scores, norm_by_std=norm_by_std)

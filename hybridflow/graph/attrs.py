@@ -75,6 +75,9 @@ class GenerateAttrs:
     """Tokens one model turn may sample (env only)."""
     max_total_tokens: int | None = None
     """Tokens of a whole trajectory, model and observation tokens together (env only): the rollout's R."""
+    observation_role: str | None = None
+    """env only: render each observation with the tokenizer's chat template as a message of this role
+    ('user', 'tool'); None: append its text as it is."""
 
     def __post_init__(self) -> None:
         self._check_agent()
@@ -95,12 +98,14 @@ class GenerateAttrs:
     def _check_agent(self) -> None:
         budgets = ("max_turns", "max_tokens_per_turn", "max_total_tokens")
         if self.env is None:
-            given = [name for name in budgets if getattr(self, name) is not None]
+            given = [name for name in budgets + ("observation_role",) if getattr(self, name) is not None]
             if given:
                 raise GraphError(f"GenerateAttrs: {', '.join(given)} apply to a multi-turn rollout only; give env=...")
             return
         if not isinstance(self.env, str) or not self.env.strip():
             raise GraphError(f"GenerateAttrs.env must be an environment name or 'module:Class', got {self.env!r}")
+        if self.observation_role is not None and (not isinstance(self.observation_role, str) or not self.observation_role):
+            raise GraphError(f"GenerateAttrs.observation_role must be a chat role or None, got {self.observation_role!r}")
         for name in budgets:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -114,7 +119,7 @@ class GenerateAttrs:
         return {name: getattr(self, name) for name in AGENT_ATTRS if getattr(self, name) is not None}
 
 
-AGENT_ATTRS = ("env", "max_turns", "max_tokens_per_turn", "max_total_tokens")
+AGENT_ATTRS = ("env", "max_turns", "max_tokens_per_turn", "max_total_tokens", "observation_role")
 """The generate attributes of a multi-turn rollout; absent from the JSON form of a one-turn node."""
 
 

@@ -45,3 +45,11 @@ def test_budgets_without_an_environment_are_refused():
         GenerateAttrs(env="calc", max_total_tokens=0)
     with pytest.raises(GraphError, match="env must be"):
         GenerateAttrs(env="")
+    with pytest.raises(GraphError, match="give env"):
+        GenerateAttrs(observation_role="user")
+
+
+def test_the_observation_role_reaches_the_worker_settings():
+    attrs = GenerateAttrs(env="calc", observation_role="tool")
+    assert attrs.agent == {"env": "calc", "observation_role": "tool"}
+    assert attrs_from_dict("generate", attrs_to_dict(attrs), "here") == attrs

@@ -62,6 +62,7 @@ class AgentParams(BaseModel):
     max_total_tokens: int = Field(AGENT_DEFAULTS["max_total_tokens"], ge=1, description="Tokens of a trajectory (model and observation) at most; R.")
     tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) concurrently.")
     gather_s: float = Field(0.005, ge=0.0, description="Steps finishing this long after the first join its decoding batch.")
+    observation_role: str | None = Field(None, description="None: an observation is appended as its text. A role ('user', 'tool'): the tokenizer's chat template renders it as a message of that role followed by the generation prompt (the template's opening BOS dropped: it opens a conversation, not a turn).")
 
 
 @dataclass
@@ -106,6 +107,16 @@ def _stop_ids(tokenizer, env: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _as_message(tokenizer, role: str, text: str) -> str:
+    """``text`` as a chat message of ``role`` and the generation prompt, through the tokenizer's chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise AgentError(f"observation_role={role!r} needs a tokenizer with a chat template; this one has none")
+    rendered = tokenizer.apply_chat_template([{"role": role, "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    bos = getattr(tokenizer, "bos_token", None)
+    return rendered[len(bos):] if bos and rendered.startswith(bos) else rendered
+
+
 def _left_padded(contexts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(c) for c in contexts)
     ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
@@ -130,6 +141,8 @@ class _Loop:
                              "observation; observations are text")
         if not text:
             return
+        if self.agent.observation_role:
+            text = _as_message(self.tokenizer, self.agent.observation_role, text)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         room = self.agent.max_total_tokens - len(sample.ids)
         sample.append(ids[:room], None, turn)

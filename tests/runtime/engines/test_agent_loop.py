@@ -203,3 +203,22 @@ def test_an_environment_that_raises_is_named(setup):
     engine = HFRolloutEngine(model, tokenizer=tokenizer)
     with pytest.raises(AgentError, match="BrokenEnv.step raised KeyError"):
         engine.generate_agentic(prompts, SamplingParams(), AgentParams(env="test_broken", max_tokens_per_turn=2))
+
+
+def test_observations_can_go_through_the_chat_template(setup):
+    tokenizer, model, prompts = setup
+    RECORDED.clear()
+    engine = HFRolloutEngine(model, tokenizer=tokenizer)
+    agent = AgentParams(env="test_recording", max_turns=3, max_tokens_per_turn=4, max_total_tokens=80,
+                        observation_role="user")
+    rollout = engine.generate_agentic(prompts.select("prompt_ids", "prompt_mask", "ground_truth", "prompt",
+                                                     "data_source", "extra_info")[:1], SamplingParams(seed=4), agent)
+    ids, mask = rollout["response_ids"][0], rollout["response_mask"][0]
+    runs = _segments(mask[:int(rollout["turn_index"][0].ge(0).sum())])
+    obs_runs = [ids[a:b].tolist() for is_model, a, b in runs if not is_model]
+    expected = tokenizer("<user>0+<eos><assistant>", add_special_tokens=False)["input_ids"]
+    assert obs_runs[0] == expected  # the reset observation as a user message, no BOS in the middle of a trajectory
+    train = TrainEngine(model, TrainEngineConfig(lr=1e-3))
+    model_tokens = mask == 1
+    assert torch.allclose(train.compute_log_probs(rollout)[0][model_tokens], rollout["rollout_log_probs"][0][model_tokens],
+                          atol=1e-5)
