@@ -27,6 +27,7 @@ __all__ = [
     "OutputDirError",
     "WriteError",
     "ContractError",
+    "AgentError",
 ]
 
 
@@ -145,3 +146,12 @@ class ContractError(ExecutionError):
         self.node, self.op, self.field = node, op, field
         where = f"node {node!r} (op {op!r})" + (f", {side} {field!r}" if field else "")
         super().__init__(f"{where}: {message}")
+
+
+class AgentError(HybridflowError):
+    """An agentic rollout cannot run: an unknown environment or tool, a bad tool-call format, an environment
+    that breaks its interface (a step after done, a non-string observation) or a sandbox that cannot start.
+
+    What a *model* does wrong inside a rollout (a malformed tool call, a tool that fails, a sandboxed program
+    that loops forever) is never raised: it becomes an error observation the model reads on its next turn.
+    """

@@ -164,6 +164,7 @@ class PPOConfig(BaseModel):
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None: torch's default.")
     seed: int = Field(0, description="Seed of the data order, sampling and model initialisation.")
     # -- loop ---------------------------------------------------------------
+    trajectory_log_samples: int = Field(4, ge=0, description="Multi-turn rollouts: trajectories per step appended to output_dir/trajectories.jsonl (read them with `hybridflow trajectories`); 0: none.")
     eval_freq: int = Field(0, ge=0, description="Validate every this many steps (0: only before and after training).")
     stop_at_val_score: float | None = Field(None, description="Stop once a validation's greedy score (val/score/greedy) reaches this; None: run all steps.")
     val_samples: int = Field(4, ge=1, description="k of val mean@k (sampled responses per validation prompt).")
@@ -317,7 +318,7 @@ RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
     "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
-    "imports", "ray_address",
+    "imports", "ray_address", "trajectory_log_samples",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -27,6 +27,7 @@ from .metrics import Tracker, nan_streak, timing_metrics
 from .progress import StepProgress
 from .role_specs import reward_spec, role_specs
 from .run_lock import RunLock
+from .trajectory_log import log_trajectories
 
 __all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer",
            "VAL_SEED_OFFSET"]
@@ -317,6 +318,8 @@ class Trainer:
                      if n != "prompts" and "response_mask" in b.tensors.keys())
         metrics["timing_s/step"] = elapsed
         metrics["perf/throughput"] = tokens / max(elapsed, 1e-9)
+        if self.config.trajectory_log_samples:
+            log_trajectories(self.output_dir, self.step, result.env, self.config.trajectory_log_samples)
         metrics.update(self.algorithm_state.advance(metrics))
         return metrics
 
