@@ -22,7 +22,7 @@ from ..capabilities import DEFAULT_ROLLOUT_ENGINE, ROLLOUT_ENGINE_NAMES
 from ..errors import ConfigError
 from ..names import DEVICE_RE
 
-__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "OPS_TABLE_FIELDS", "ops_table_choices", "config_error",
+__all__ = ["PPOConfig", "LRSchedule", "RewardServer", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "OPS_TABLE_FIELDS", "ops_table_choices", "config_error",
            "config_hash"]
 
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -74,6 +74,28 @@ class LRSchedule(BaseModel):
         return {"lr_schedule": self.name, "warmup_steps": warmup, "total_steps": total, "min_lr_ratio": self.min_lr_ratio}
 
 
+class RewardServer(BaseModel):
+    """An HTTP reward server the reward role asks for scores (:class:`~hybridflow.rewards.RemoteRewardModel`; the
+    request and reply formats are in ``docs/rewards.md``). In YAML ``reward_server: {url: http://host:8000/v1/rank,
+    model_name: rm}``; on the command line ``reward_server.url=http://host:8000/v1/rank``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="The endpoint, e.g. http://localhost:8000/v1/rank (a path ending in rank or rerank: the rerank format).")
+    model_name: str | None = Field(None, description="Sent as \"model\" in each request (the served model's name).")
+    api_format: Literal["auto", "scores", "rerank"] = Field("auto", description="Request format: scores, rerank, or auto (rerank when the URL's path ends in rank or rerank).")
+    batch_size: int = Field(64, ge=1, description="Responses per request.")
+    timeout_s: float = Field(30.0, gt=0, description="Seconds to wait for each reply.")
+    max_retries: int = Field(3, ge=0, description="Further attempts after a failed one (connection error, timeout, HTTP 408/429/5xx), with exponential back-off.")
+
+    def source(self):
+        """The :class:`~hybridflow.rewards.RemoteRewardModel` this describes."""
+        from ..rewards import RemoteRewardModel
+
+        return RemoteRewardModel(self.url, self.model_name, api_format=self.api_format, batch_size=self.batch_size,
+                                 timeout=self.timeout_s, max_retries=self.max_retries)
+
+
 def _schedule_from_name(value):
     """``"cosine"`` -> ``{"name": "cosine"}``: a schedule may be given by its name alone."""
     return {"name": value} if isinstance(value, str) else value
@@ -89,6 +111,7 @@ class PPOConfig(BaseModel):
     critic_model_name: str | None = Field(None, description="Critic backbone (PPO); None: the actor's model.")
     ref_model_name: str | None = Field(None, description="Reference model for the KL term; None: the actor's initial model.")
     reward_model_name: str | None = Field(None, description="Sequence-classification reward model (path or hub name); a causal-LM checkpoint gets a new score head. None: the rule reward `reward_fn`.")
+    reward_server: RewardServer | None = Field(None, description="HTTP reward server the reward role asks for scores: url, model_name, api_format, batch_size, timeout_s, max_retries (see RewardServer and docs/rewards.md). None: reward_model_name, else the rule reward reward_fn.")
     reward_fn: str = Field("hybridflow_ops.rewards:default_compute_score", description="Rule reward `module:function` with the signature compute_score(data_source, solution_str, ground_truth, extra_info=None).")
     reward_timeout_s: float | None = Field(300.0, gt=0, description="Longest a rule reward function (reward_fn, cost_fn) may take on one response before the run stops with a RewardError naming the sample; a first Ctrl-C while it runs stops the run within this bound. The function then runs on a helper thread; None: call it on the main thread (a function that sets signal handlers, e.g. signal.alarm, needs that) and wait for ever.")
     unfinished_score: float | None = Field(0.0, description="Score of a response that hit the length limit without EOS (None: score it like the others).")
@@ -257,6 +280,13 @@ class PPOConfig(BaseModel):
             rollout_options(self.rollout_engine, self.rollout_engine_options)
         except ConfigError as err:
             raise ValueError(str(err)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _one_reward_source(self) -> "PPOConfig":
+        if self.reward_server is not None and self.reward_model_name:
+            raise ValueError(f"reward_server ({self.reward_server.url}) and reward_model_name ({self.reward_model_name!r}) "
+                             "both name the reward; give one of them")
         return self
 
     @model_validator(mode="after")

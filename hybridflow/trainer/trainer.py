@@ -59,7 +59,8 @@ class Trainer:
         self.algorithm: str = self.definition.name
         check_algorithm_args(self.definition, self.config.algorithm_args)
         self.output_dir = Path(self.config.output_dir)
-        self._reward_source: Any = None
+        # a reward server named in the config is the reward source, as if set with set_reward_model
+        self._reward_source: Any = self.config.reward_server.source() if self.config.reward_server else None
         self.algorithm_state: AlgorithmState | None = None
         self._trackers = trackers
         self.executor = None

@@ -62,6 +62,11 @@ def test_the_tutorial_runs_as_written(tmp_path):
     assert ran == sum(b.mark == "run" for b in blocks((DOCS / "tutorial.md").read_text()))
 
 
+def test_the_custom_loss_of_the_custom_algorithm_page_trains_as_written(tmp_path):
+    """The loss-op contract's example (a file block, then the command that trains with it)."""
+    assert run_page("custom_algorithm.md", tmp_path) == 1
+
+
 @pytest.mark.e2e
 def test_the_checkpoint_page_runs_as_written(tmp_path):
     assert run_page("checkpoints.md", tmp_path) == 3
