@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hybridflow as hf
 
+from .grpo import grpo_update
+
 
 @hf.algorithm
 def agent_grpo(prompts, actor, ref, reward, *, env="calc", n=8, max_turns=3, max_tokens_per_turn=16,
@@ -25,11 +27,5 @@ def agent_grpo(prompts, actor, ref, reward, *, env="calc", n=8, max_turns=3, max
     old_logp = actor.logprob(rollout) if recompute_old_log_probs else hf.compute("old_log_probs_from_rollout", rollout)
     scores = hf.compute("env_scores", rollout) if reward_from == "env" else reward.score(rollout)
     adv = hf.compute("grpo_advantage", rollout, scores, norm_by_std=norm_by_std)
-    policy_loss = hf.loss("ppo_clip", clip_low=clip_ratio, clip_high=clip_ratio, loss_agg_mode=loss_agg_mode)
-    inputs = [rollout, adv, old_logp]
-    if kl_loss:
-        inputs.append(ref.logprob(rollout))
-        policy_loss += hf.loss("kl_loss", weight=kl_coef, kl_type=kl_type, loss_agg_mode=loss_agg_mode)
-    if entropy_coef:
-        policy_loss += hf.loss("entropy_bonus", weight=entropy_coef, loss_agg_mode=loss_agg_mode)
-    actor.update(*inputs, loss=policy_loss)
+    grpo_update(actor, ref, rollout, adv, old_logp, clip_ratio=clip_ratio, kl_loss=kl_loss, kl_coef=kl_coef,
+                kl_type=kl_type, loss_agg_mode=loss_agg_mode, entropy_coef=entropy_coef)
