@@ -186,6 +186,21 @@ class JsonlTracker:
         self._file.close()
 
 
+def recorded_history(path: str | Path, last_step: int) -> list[dict[str, float]]:
+    """The metrics of steps 1..``last_step`` as ``path`` (a run's ``metrics.jsonl``) holds them, one dict per step
+    (the last record of each, without its ``step``); [] where the file is missing (the run logged none there)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    steps: dict[int, dict[str, float]] = {}
+    for record in filter(None, map(_record, lines)):
+        step = record.pop("step", None)
+        if isinstance(step, int) and not isinstance(step, bool) and 1 <= step <= last_step:
+            steps[step] = record
+    return [steps[s] for s in sorted(steps)]
+
+
 def _record(line: str) -> dict | None:
     """The JSON record on ``line``, or None when it is not one (a cut or garbled line)."""
     try:

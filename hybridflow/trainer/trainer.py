@@ -23,7 +23,7 @@ from ..runtime.contracts import set_enabled as set_contract_checks
 from ..runtime.roles import RoleSpec
 from .algorithm_state import AlgorithmState
 from .config import PPOConfig, algorithm_attrs
-from .metrics import Tracker, nan_streak, timing_metrics
+from .metrics import Tracker, nan_streak, recorded_history, timing_metrics
 from .progress import StepProgress
 from .role_specs import reward_spec, role_specs
 from .run_lock import RunLock
@@ -166,7 +166,9 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
-        """Run up to ``max_steps`` steps; returns the metrics of the steps run (also sent to the trackers).
+        """Run up to ``max_steps`` steps; returns the metrics of the steps run (also sent to the trackers). On a run
+        that is already finished (resumed at ``max_steps``: nothing left to run) it returns the run's history as its
+        ``metrics.jsonl`` holds it.
 
         The output folder is locked for the duration (:mod:`.run_lock`: a second run on it is an
         OutputDirError). A first SIGINT/SIGTERM ends the run after the current step, with a checkpoint
@@ -184,6 +186,8 @@ class Trainer:
                     self._prepare()
                 finally:
                     stop.at_once = False
+            if self.step >= self.config.max_steps and not self.history:  # a finished run: its recorded steps
+                self.history = recorded_history(self.output_dir / "metrics.jsonl", self.step)
             try:
                 self._loop(stop)
             except Exception:
