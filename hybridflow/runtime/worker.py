@@ -60,7 +60,7 @@ class RoleWorker:
             return rollout.generate(prompts, params)
         if not hasattr(rollout, "generate_agentic"):
             raise AgentError(f"role {role!r}: a rollout with env={agent.get('env')!r} needs a rollout engine with an "
-                             f"agent loop (hf); {type(rollout).__name__} has none")
+                             f"agent loop (hf, vllm); {type(rollout).__name__} has none")
         return rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)))
 
     def logprob(self, role: str, batch: Batch) -> torch.Tensor:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,7 +45,7 @@ from ...batch import Batch
 from .decode import decode
 from .sampling import SamplingParams
 
-__all__ = ["AgentParams", "agent_rollout", "AGENT_FIELDS"]
+__all__ = ["AgentParams", "AGENT_FIELDS", "TurnDecoder", "agent_rollout", "hf_turn_decoder"]
 
 AGENT_FIELDS = ("turn_index", "num_turns", "env_reward", "tool_calls", "tool_errors")
 """The fields an agentic rollout has beyond a single-turn one."""
@@ -127,12 +127,29 @@ def _left_padded(contexts: Sequence[Sequence[int]], pad_id: int, device) -> tupl
     return ids.to(device), mask.to(device)
 
 
+TurnDecoder = Callable[[list[list[int]], int, tuple[int, ...]], list[tuple[list[int], list[float]]]]
+"""``(contexts, max_new_tokens, stop_ids) -> [(tokens, log_probs), ...]``: one sampled turn per context (token ids, the
+prompt's and the trajectory's so far), ending at an end-of-sequence id or one of ``stop_ids`` (included) or after
+``max_new_tokens``, with each token's log-probability under the sampling distribution. A rollout engine's own."""
+
+
+def hf_turn_decoder(model: torch.nn.Module, params: SamplingParams, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                    generator: torch.Generator | None, device) -> TurnDecoder:
+    """Turns of a transformers model through :func:`.decode.decode`: the contexts left-padded into one batch."""
+
+    def turns(contexts: list[list[int]], budget: int, stop_ids: tuple[int, ...]) -> list[tuple[list[int], list[float]]]:
+        ids, mask = _left_padded(contexts, pad_token_id, device)
+        out = decode(model, ids, mask, params.model_copy(update={"n": 1, "max_new_tokens": budget}),
+                     eos_token_ids=tuple(eos_token_ids) + stop_ids, pad_token_id=pad_token_id, generator=generator)
+        kept = [int(n) for n in out.response_mask.sum(-1)]
+        return [(out.response_ids[row, :k].tolist(), out.log_probs[row, :k].tolist()) for row, k in enumerate(kept)]
+
+    return turns
+
+
 class _Loop:
-    def __init__(self, model, tokenizer, params: SamplingParams, agent: AgentParams, eos_token_ids, pad_token_id,
-                 generator, device):
-        self.model, self.tokenizer, self.params, self.agent = model, tokenizer, params, agent
-        self.pad_id, self.generator, self.device = pad_token_id, generator, device
-        self.eos_ids = tuple(eos_token_ids)
+    def __init__(self, turns: TurnDecoder, tokenizer, agent: AgentParams):
+        self.turns, self.tokenizer, self.agent = turns, tokenizer, agent
         self.stop_ids: tuple[int, ...] = ()
 
     def observe(self, sample: _Sample, text: str, turn: int) -> None:
@@ -152,16 +169,11 @@ class _Loop:
     def decode_turn(self, ready: list[_Sample]) -> None:
         """One model turn for each sample of ``ready``, appended to its trajectory."""
         budget = max(min(self.agent.max_tokens_per_turn, self.agent.max_total_tokens - len(s.ids)) for s in ready)
-        ids, mask = _left_padded([s.prompt + s.ids for s in ready], self.pad_id, self.device)
-        params = self.params.model_copy(update={"n": 1, "max_new_tokens": budget})
-        out = decode(self.model, ids, mask, params, eos_token_ids=self.eos_ids + self.stop_ids,
-                     pad_token_id=self.pad_id, generator=self.generator)
-        for row, sample in enumerate(ready):
+        sampled = self.turns([s.prompt + s.ids for s in ready], budget, self.stop_ids)
+        for sample, (tokens, log_probs) in zip(ready, sampled):
             room = min(self.agent.max_tokens_per_turn, self.agent.max_total_tokens - len(sample.ids))
-            keep = int(out.response_mask[row].sum())
-            keep = min(keep, room)
-            tokens = out.response_ids[row, :keep].tolist()
-            sample.append(tokens, out.log_probs[row, :keep].tolist(), sample.turns)
+            tokens, log_probs = list(tokens[:room]), list(log_probs[:room])
+            sample.append(tokens, log_probs, sample.turns)
             sample.last_turn = tokens
             sample.turns += 1
 
@@ -242,10 +254,11 @@ def _fields(samples: Sequence[_Sample], width: int, pad_id: int) -> dict[str, An
 
 
 @torch.no_grad()
-def agent_rollout(model: torch.nn.Module, tokenizer, batch: Batch, params: SamplingParams, agent: AgentParams, *,
-                  eos_token_ids: Sequence[int], pad_token_id: int, generator: torch.Generator | None = None,
-                  device: torch.device | str = "cpu") -> Batch:
-    """``params.n`` trajectories per prompt of ``batch`` against ``agent.env`` (module docstring for the fields).
+def agent_rollout(turns: TurnDecoder, tokenizer, batch: Batch, params: SamplingParams, agent: AgentParams, *,
+                  eos_token_ids: Sequence[int], pad_token_id: int) -> Batch:
+    """``params.n`` trajectories per prompt of ``batch`` against ``agent.env`` (module docstring for the fields),
+    each model turn sampled by ``turns`` (the rollout engine's :data:`TurnDecoder`: :func:`hf_turn_decoder`, or
+    vLLM's).
 
     Returns the batch repeated ``n`` times (``repeat_interleave`` order, with ``group_index``) with the
     rollout's fields, and a column ``agent_steps``: each trajectory's steps (reward, done, info) as JSON.
@@ -257,7 +270,7 @@ def agent_rollout(model: torch.nn.Module, tokenizer, batch: Batch, params: Sampl
     for i, row in enumerate(rows):
         prompt = batch["prompt_ids"][i][batch["prompt_mask"][i] != 0].tolist()
         samples.extend(_Sample(prompt, row, factory()) for _ in range(params.n))
-    loop = _Loop(model, tokenizer, params, agent, eos_token_ids, pad_token_id, generator, device)
+    loop = _Loop(turns, tokenizer, agent)
     loop.run(samples)
     fields = _fields(samples, agent.max_total_tokens, pad_token_id)
     repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch

@@ -30,7 +30,7 @@ from hybridflow.errors import ExecutionError
 
 from ...batch import Batch
 from ..byte_state import state_from_text, state_to_text
-from .agent_loop import AgentParams, agent_rollout
+from .agent_loop import AgentParams, agent_rollout, hf_turn_decoder
 from .decode import decode
 from .lean_decode import supports_lean
 from .sampling import SamplingParams
@@ -126,9 +126,10 @@ class HFRolloutEngine:
         if switch:
             self.model.eval()
         try:
-            out = agent_rollout(self.model, self.tokenizer, batch, params, agent, eos_token_ids=self.eos_token_ids,
-                                pad_token_id=self.pad_token_id, generator=self._generator(params.seed),
-                                device=self.device)
+            turns = hf_turn_decoder(self.model, params, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                    generator=self._generator(params.seed), device=self.device)
+            out = agent_rollout(turns, self.tokenizer, batch, params, agent, eos_token_ids=self.eos_token_ids,
+                                pad_token_id=self.pad_token_id)
         finally:
             if switch:
                 self.model.train()
