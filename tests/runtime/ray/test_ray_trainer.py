@@ -101,3 +101,48 @@ def test_max_restarts_recreates_workers_and_matches_an_uninterrupted_run(ray_clu
         want, have = _learned(want), _learned(have)
         for key in want:
             assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (step, key)
+
+
+class KillAfterLog:
+    """A tracker: once step ``step`` is logged, and before that step's checkpoint is written, it kills the Ray
+    process of ``pool``'s slot (the trained roles'): the checkpoint write meets the dead worker. Once only."""
+
+    def __init__(self, step: int, pool: str):
+        self.step, self.pool, self.trainer, self.done = step, pool, None, False
+
+    def log(self, metrics, step):
+        if step == self.step and not self.done:
+            import ray
+
+            executor = self.trainer.executor
+            (slot,) = executor.topology.pool_slots(self.pool)
+            ray.kill(executor.actor(slot), no_restart=True)
+            self.done = True
+
+    def close(self):
+        pass
+
+
+@pytest.mark.e2e
+def test_a_worker_lost_at_a_checkpoint_write_restarts_from_the_checkpoint_before(ray_cluster, tmp_path):
+    model_dir = create_tiny_model_dir(tmp_path / "tiny", seed=0)
+    _, expected = _train(_config(model_dir, tmp_path / "local"))
+    metrics = tmp_path / "ray" / "metrics.jsonl"
+    killer = KillAfterLog(step=2, pool="pool0")
+    trainer = PPOTrainer(config=_config(model_dir, tmp_path / "ray", executor="ray", max_restarts=1),
+                         trackers=[JsonlTracker(metrics), killer])
+    killer.trainer = trainer
+    try:
+        got = trainer.train()
+    finally:
+        trainer.executor.shutdown()
+    # step 2's checkpoint was never written whole: the restart resumed from step 1's and ran step 2 again
+    assert killer.done and trainer.resumed_from.name == "step_00000001"
+    checkpoints = sorted(p.name for p in (tmp_path / "ray" / "checkpoints").iterdir())
+    assert checkpoints == ["step_00000001", "step_00000002", "step_00000003"], checkpoints
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3]
+    assert len(got) == len(expected) == 3
+    for step, (want, have) in enumerate(zip(expected, got), start=1):
+        want, have = _learned(want), _learned(have)
+        for key in want:
+            assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (step, key)
