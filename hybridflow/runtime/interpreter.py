@@ -165,10 +165,10 @@ class PlanExecutor(ABC):
 
     def __init__(self, plan: ExecutionPlan, specs: Mapping[str, RoleSpec], *, recorder: SpanRecorder | None = None):
         if plan.machine is None:
-            raise PlanError(f"plan of graph {plan.graph.get('name', '?')!r} (compiled for {plan.cluster}) is not bound to "
+            raise PlanError(f"plan of graph {plan.graph.name!r} (compiled for {plan.cluster}) is not bound to "
                             "a machine; bind it first: hybridflow.compiler.bind(plan, hybridflow.compiler.local_machine())")
         self.plan = plan
-        self.plan_graph = plan.graph_ir()
+        self.plan_graph = plan.graph
         self.graph = self.plan_graph
         """The graph the current (or last) call runs: the plan's, with that call's ``params``."""
         missing = [r.name for r in self.graph.roles if r.name not in specs]
@@ -259,10 +259,10 @@ class PlanExecutor(ABC):
         mine = {p.name: p.devices for p in self.plan.pools}
         foreign = [p.name for p in plan.pools if mine.get(p.name) != p.devices]
         if foreign:
-            raise PlanError(f"plan {plan.graph.get('name', '?')!r} uses pools {foreign} that this executor does not run "
+            raise PlanError(f"plan {plan.graph.name!r} uses pools {foreign} that this executor does not run "
                             f"(its pools: {', '.join(mine)}); derive it from the executor's plan")
         saved_graph, saved_recorder = self.graph, self.recorder
-        self.graph = plan.graph_ir()
+        self.graph = plan.graph
         self.recorder = SpanRecorder()
         self.recorder.origin = saved_recorder.origin
         try:

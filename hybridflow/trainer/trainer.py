@@ -340,7 +340,7 @@ class Trainer:
         prompts = make_prompt_batch(self.val_rows, self.tokenizer, max_prompt_length=cfg.max_prompt_length,
                                     apply_chat_template=cfg.apply_chat_template)
         env = self.executor.run_plan(self._validation_plan, {"prompts": prompts}).env
-        greedy, sampled = (n.name for n in self._validation_plan.graph_ir().nodes if n.kind == "score")
+        greedy, sampled = (n.name for n in self._validation_plan.graph.nodes if n.kind == "score")
         # means in float64: 90 of 100 in float32 is 0.89999998, which a stop_at_val_score=0.9 would not reach
         return {"val/score/greedy": float(env[greedy]["scores"].double().mean()),
                 f"val/score/mean@{cfg.val_samples}": float(env[sampled]["scores"].double().mean())}

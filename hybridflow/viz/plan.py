@@ -65,7 +65,7 @@ def plan_to_dot(plan):
     """The placement drawing as a ``graphviz.Digraph``."""
     import graphviz
 
-    graph = plan.graph_ir()
+    graph = plan.graph
     colours = _colours(graph)
     timing = f", predicted {plan.predicted_iteration_s:.4g} s per iteration" if plan.predicted_iteration_s else ""
     title = _lines(f"{graph.name} on {plan.cluster}", f"placement {plan.strategy}{timing}, staleness {plan.staleness}")
