@@ -161,7 +161,7 @@ class FSDPTrainEngine(TrainEngine):
                   for g in optim.get("param_groups", ())]
         state = {index[name]: entry for name, entry in optim.get("state", {}).items()}
         return {"model": model, "optimizer": {"state": state, "param_groups": groups},
-                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self._shuffle.get_state()}
+                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self.shuffle_generator.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load full tensors (the same on every rank); each rank keeps its shard. A collective."""
@@ -174,7 +174,7 @@ class FSDPTrainEngine(TrainEngine):
         set_optimizer_state_dict(self.module, self.optimizer, optim, options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
         if "shuffle_rng" in state:
-            self._shuffle.set_state(state["shuffle_rng"])
+            self.shuffle_generator.set_state(state["shuffle_rng"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor)`` of every parameter and buffer (a LoRA module: of its adapters), gathered one at a

@@ -76,7 +76,8 @@ class TrainEngine:
         self.metric_prefix = metric_prefix
         self.optimizer = build_optimizer(self.module.parameters(), self.config)
         self.scheduler = TrainingStepSchedule(self.optimizer, self.config)
-        self._shuffle = torch.Generator().manual_seed(self.config.seed)
+        self.shuffle_generator = torch.Generator().manual_seed(self.config.seed)
+        """Orders the samples into mini-batches at each update (``config.shuffle``); checkpointed with the engine."""
         self.is_value_model = hasattr(self.module, "response_values")
 
     # ------------------------------------------------------------------ inference
@@ -306,7 +307,7 @@ class TrainEngine:
     def _mini_batches(self, tensors: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
         size = len(tensors["response_mask"])
         if self.config.shuffle:
-            order = torch.randperm(size, generator=self._shuffle).to(self.device)
+            order = torch.randperm(size, generator=self.shuffle_generator).to(self.device)
             tensors = {k: v.index_select(0, order) for k, v in tensors.items()}
         step = self.config.mini_batch_size or size
         for start in range(0, size, step):
@@ -349,7 +350,7 @@ class TrainEngine:
         """Model (a LoRA module: its adapters), optimizer and schedule state (the schedule's under ``"scheduler"``)."""
         model = adapter_state(self.module) if is_lora(self.module) else self.module.state_dict()
         return {"model": model, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self._shuffle.get_state()}
+                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self.shuffle_generator.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
@@ -360,7 +361,7 @@ class TrainEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if "shuffle_rng" in state:
-            self._shuffle.set_state(state["shuffle_rng"])
+            self.shuffle_generator.set_state(state["shuffle_rng"])
 
     def move_states(self, items: Sequence[str], device: torch.device) -> None:
         """Move ``params`` (the module) and/or ``optimizer`` (Adam moments; ``step`` counters stay) to ``device``."""
