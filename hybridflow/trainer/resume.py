@@ -18,15 +18,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..compiler.plan import ExecutionPlan
 from ..errors import CheckpointError, OutputDirError
 from ..runtime.engines.lora import ADAPTER_CONFIG, settings_adapter_config
 from ..runtime.shard_calls import load_train_states, save_train_states
 from .checkpoint import (CHECKPOINTS, TENSORS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint,
                          save_checkpoint)
-from .config import RUN_CONTROL_FIELDS, config_hash
+from .config import RUN_CONTROL_FIELDS, PPOConfig, config_hash
 from .run_state import capture_json, restore
 
 if TYPE_CHECKING:
+    from ..graph import Graph
+    from ..runtime.interpreter import PlanExecutor
     from .trainer import Trainer
 
 __all__ = ["save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_roles", "rollout_engines"]
@@ -34,13 +37,18 @@ __all__ = ["save_run", "check_fresh_start", "resume_run", "resume_newest", "trai
 log = logging.getLogger("hybridflow.trainer")
 
 
-def trained_roles(trainer: "Trainer") -> tuple[str, ...]:
-    """The roles the graph updates (their weights and optimizer state are checkpointed), in graph order."""
-    return tuple(dict.fromkeys(n.role for n in trainer.graph.nodes if n.kind == "update"))
+def trained_roles(graph: "Graph") -> tuple[str, ...]:
+    """The roles ``graph`` updates (their weights and optimizer state are checkpointed), in graph order."""
+    return tuple(dict.fromkeys(n.role for n in graph.nodes if n.kind == "update"))
 
 
-def rollout_engines(trainer: "Trainer") -> dict:
-    return {r.name: trainer.rollout_engine(r.name) for r in trainer.graph.roles if r.kind == "policy"}
+def rollout_engines(executor: "PlanExecutor", plan: ExecutionPlan) -> dict:
+    """Policy role -> its rollout engine: on its own pool, or on its generation pool when ``plan`` gives it one."""
+    engines = {}
+    for role in (r.name for r in plan.graph.roles if r.kind == "policy"):
+        placement = plan.placement(role)
+        engines[role] = executor.workers[placement.generation_pool or placement.pool].engines[role].rollout
+    return engines
 
 
 def _write_hf_files(trainer: "Trainer"):
@@ -73,13 +81,13 @@ def save_run(trainer: "Trainer") -> Path:
     cfg = trainer.config
     start = time.perf_counter()
     state = {"algorithm": trainer.algorithm, "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg),
-             "loader": trainer.loader.state_dict(), "nan_streak": trainer._nan_streak,
+             "loader": trainer.loader.state_dict(), "nan_streak": trainer.nan_streak,
              "algorithm_state": trainer.algorithm_state.state_dict()}
-    rollouts = rollout_engines(trainer)
+    rollouts = rollout_engines(trainer.executor, trainer.plan)
 
     def write_shards(folder: Path):
         """The workers write the trained roles' shards; the controller keeps their JSON and manifest entries."""
-        engines, manifest = save_train_states(trainer.executor, trained_roles(trainer), folder)
+        engines, manifest = save_train_states(trainer.executor, trained_roles(trainer.graph), folder)
         return capture_json(engines, rollouts), manifest
 
     path = save_checkpoint(trainer.output_dir / CHECKPOINTS, trainer.step, {}, state, keep=cfg.keep_checkpoints,
@@ -90,38 +98,38 @@ def save_run(trainer: "Trainer") -> Path:
     return path
 
 
-def _check_compatible(trainer: "Trainer", found: LoadedCheckpoint) -> None:
+def _check_compatible(config: PPOConfig, algorithm: str, found: LoadedCheckpoint) -> None:
     saved_algorithm = found.state.get("algorithm")
-    if saved_algorithm != trainer.algorithm:
+    if saved_algorithm != algorithm:
         raise CheckpointError(f"{found.path} was written by a {saved_algorithm} run; this trainer runs "
-                              f"{trainer.algorithm}. Use another output_dir, or resume='never' overwrite=true to start over")
-    if found.state.get("config_hash") != config_hash(trainer.config):
+                              f"{algorithm}. Use another output_dir, or resume='never' overwrite=true to start over")
+    if found.state.get("config_hash") != config_hash(config):
         saved = found.state.get("config", {})
-        now = trainer.config.model_dump(mode="json")
+        now = config.model_dump(mode="json")
         changed = sorted(k for k in set(saved) | set(now) if k not in RUN_CONTROL_FIELDS and saved.get(k) != now.get(k))
         log.warning("resuming %s with a changed config (%s); the run will not match an uninterrupted one",
                     found.path, ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed))
 
 
-def check_fresh_start(trainer: "Trainer") -> None:
+def check_fresh_start(config: PPOConfig, output_dir: Path) -> None:
     """resume='never' on a folder with checkpoints and without overwrite=true: OutputDirError, nothing deleted.
 
     Called before the models load, so that the mistake costs no time.
     """
-    root = trainer.output_dir / CHECKPOINTS
-    stale = list_checkpoints(root) if trainer.config.resume == "never" else []
-    if stale and not trainer.config.overwrite:
+    root = output_dir / CHECKPOINTS
+    stale = list_checkpoints(root) if config.resume == "never" else []
+    if stale and not config.overwrite:
         raise OutputDirError(
             f"resume='never' but {root} holds {len(stale)} checkpoint(s) of an earlier run (newest: "
             f"{stale[-1][1].name}); nothing was deleted. Use a new output_dir, resume='auto' to continue that "
             "run, or overwrite=true to delete its checkpoints and start fresh")
 
 
-def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
-    mode = trainer.config.resume
-    root = trainer.output_dir / CHECKPOINTS
+def _find(config: PPOConfig, output_dir: Path) -> LoadedCheckpoint | None:
+    mode = config.resume
+    root = output_dir / CHECKPOINTS
     if mode == "never":
-        check_fresh_start(trainer)
+        check_fresh_start(config, output_dir)
         stale = list_checkpoints(root)
         if stale:
             log.warning("resume='never' overwrite=true: removing %d checkpoint(s) of an earlier run in %s",
@@ -138,7 +146,7 @@ def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
 
 def resume_run(trainer: "Trainer") -> None:
     """Load the checkpoint ``config.resume`` names into the trainer's engines, RNGs, loader and step."""
-    found = _find(trainer)
+    found = _find(trainer.config, trainer.output_dir)
     if found is not None:
         _load(trainer, found)
 
@@ -154,16 +162,16 @@ def resume_newest(trainer: "Trainer") -> None:
 
 
 def _load(trainer: "Trainer", found: LoadedCheckpoint) -> None:
-    _check_compatible(trainer, found)
+    _check_compatible(trainer.config, trainer.algorithm, found)
     if found.state.get("format_version", 1) < 2:
         raise CheckpointError(f"{found.path} was written by an older hybridflow (one tensors/ folder written by the "
                               "driver); it can be exported (hybridflow export) but not resumed. Start fresh in another "
                               "output_dir")
-    load_train_states(trainer.executor, trained_roles(trainer), found.path / TENSORS, found.state["engines"])
-    restore(rollout_engines(trainer), found.state)
+    load_train_states(trainer.executor, trained_roles(trainer.graph), found.path / TENSORS, found.state["engines"])
+    restore(rollout_engines(trainer.executor, trainer.plan), found.state)
     trainer.loader.load_state_dict(found.state["loader"])
     trainer.step = found.step
-    trainer._nan_streak = int(found.state.get("nan_streak", 0))
+    trainer.nan_streak = int(found.state.get("nan_streak", 0))
     trainer.algorithm_state.load_state_dict(found.state.get("algorithm_state", {}))
     trainer.resumed_from = found.path
     log.warning("resumed from %s (step %d of %d)", found.path, found.step, trainer.config.max_steps)

@@ -68,7 +68,8 @@ class Trainer:
         self.step = 0
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
-        self._nan_streak = 0
+        self.nan_streak = 0
+        """Steps in a row with a non-finite loss (a run stops at ``max_nan_steps``); checkpointed."""
         self.out_of_time = False
         self.target_reached = False
         self.stop_signal: str | None = None
@@ -93,7 +94,7 @@ class Trainer:
 
             role = next(r.name for r in self.graph.roles if r.kind == "reward")
             worker = self.executor.workers[self.plan.placement(role).pool]
-            worker.engines[role] = build_engines(role, "reward", reward_spec(self), worker.device)
+            worker.engines[role] = build_engines(role, "reward", reward_spec(self.config, self.inputs, reward), worker.device)
 
     def build_graph(self) -> Graph:
         """The algorithm's graph with the config's values for the attributes it has."""
@@ -108,7 +109,9 @@ class Trainer:
             log.warning("%s has no %s role; the config field %s is ignored", self.algorithm, kind, field)
         return algorithm.build(**attrs)
 
-    def _prepare(self) -> None:
+    def prepare(self) -> None:
+        """Build the run without training: data, graph, plan (written to ``plan.json``), executor and engines,
+        the checkpoint resumed from, trackers. :meth:`train` calls it when it has not run yet."""
         from ..data import PromptDataset, PromptLoader
         from ..runtime.local import LocalExecutor
         from .progress import PhaseRecorder
@@ -124,9 +127,9 @@ class Trainer:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        check_fresh_start(self)
+        check_fresh_start(cfg, self.output_dir)
         check_devices(cfg.device_map)
-        inputs = run_inputs(cfg, self.output_dir)
+        self.inputs = inputs = run_inputs(cfg, self.output_dir)
         self.actor_path, self.tokenizer, self.max_response_length = inputs.actor_path, inputs.tokenizer, inputs.max_response_length
         self.train_rows, self.val_rows = inputs.train_rows, inputs.val_rows
         self.graph = self.build_graph()
@@ -155,7 +158,7 @@ class Trainer:
 
     def role_specs(self) -> dict[str, RoleSpec]:
         """How to build each role's engines from the config (:func:`.role_specs.role_specs`)."""
-        return role_specs(self)
+        return role_specs(self.config, self.run_spec, self.plan, self.inputs, reward_source=self._reward_source)
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
@@ -172,7 +175,7 @@ class Trainer:
             remove_stale_temp(self.output_dir)
             self.stop_signal = None
             if self.executor is None:
-                self._prepare()
+                self.prepare()
             try:
                 self._loop(stop)
             except Exception:
@@ -198,7 +201,7 @@ class Trainer:
                     if stop.requested:  # the signal reached the workers too: the step is abandoned
                         self.step, lost = self.step - 1, err
                         break
-                    restarts = self._recover(err, restarts)
+                    restarts = self.recover(err, restarts)
                     del self.history[max(0, self.step - first):]
                     continue
                 if self._end_of_step(metrics, deadline, stop):
@@ -223,7 +226,7 @@ class Trainer:
             target = cfg.stop_at_val_score
             self.target_reached = target is not None and metrics["val/score/greedy"] >= target
             last = last or self.target_reached
-        self._nan_streak = nan_streak(metrics, self.step, self._nan_streak, cfg.max_nan_steps)
+        self.nan_streak = nan_streak(metrics, self.step, self.nan_streak, cfg.max_nan_steps)
         self.history.append(metrics)
         self.progress.step_done(metrics)
         self._log(metrics, self.step)
@@ -256,8 +259,9 @@ class Trainer:
             where = ""
         log.warning("%s: stopped after step %d of %d%s", stop.name, self.step, self.config.max_steps, where)
 
-    def _recover(self, err: WorkerLostError, used: int) -> int:
-        """A fresh worker group with the newest checkpoint loaded; returns the restarts used (re-raises past max)."""
+    def recover(self, err: WorkerLostError, used: int) -> int:
+        """After ``err`` (the ``used``-th restart so far): a fresh worker group with the newest checkpoint loaded;
+        returns the restarts used (re-raises ``err`` past ``max_restarts``). :meth:`train` calls it."""
         from .resume import resume_newest
 
         if used >= self.config.max_restarts:
