@@ -68,8 +68,7 @@ class Trainer:
         self.step = 0
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
-        self.nan_streak = 0
-        """Steps in a row with a non-finite loss (a run stops at ``max_nan_steps``); checkpointed."""
+        self._nan_streak = 0
         self.out_of_time = False
         self.target_reached = False
         self.stop_signal: str | None = None
@@ -226,7 +225,7 @@ class Trainer:
             target = cfg.stop_at_val_score
             self.target_reached = target is not None and metrics["val/score/greedy"] >= target
             last = last or self.target_reached
-        self.nan_streak = nan_streak(metrics, self.step, self.nan_streak, cfg.max_nan_steps)
+        self._nan_streak = nan_streak(metrics, self.step, self._nan_streak, cfg.max_nan_steps)
         self.history.append(metrics)
         self.progress.step_done(metrics)
         self._log(metrics, self.step)
@@ -270,7 +269,7 @@ class Trainer:
                     self.config.max_restarts)
         self.executor.restart()
         self._ahead = None  # its generation died with the workers
-        resume_newest(self)
+        self._restore(resume_newest(self._checkpoint_scope()))
         return used + 1
 
     def _next_rows(self) -> list[dict]:
@@ -366,14 +365,32 @@ class Trainer:
 
         if self.progress is not None:
             self.progress.phase("save checkpoint")
-        self.last_checkpoint = save_run(self)
+        state = {"loader": self.loader.state_dict(), "nan_streak": self._nan_streak,
+                 "algorithm_state": self.algorithm_state.state_dict()}
+        self.last_checkpoint = save_run(self._checkpoint_scope(), self.step, state)
         self._saved_step = self.step
         return self.last_checkpoint
+
+    def _checkpoint_scope(self):
+        from .resume import CheckpointScope
+
+        return CheckpointScope(self.config, self.algorithm, self.executor, self.plan, self.inputs, self.output_dir)
 
     def _resume(self) -> None:
         from .resume import resume_run
 
-        resume_run(self)
+        found = resume_run(self._checkpoint_scope())
+        if found is not None:
+            self._restore(found)
+
+    def _restore(self, found) -> None:
+        """Continue from checkpoint ``found`` (its engines loaded): the data position, step and algorithm state."""
+        self.loader.load_state_dict(found.state["loader"])
+        self.step = found.step
+        self._nan_streak = int(found.state.get("nan_streak", 0))
+        self.algorithm_state.load_state_dict(found.state.get("algorithm_state", {}))
+        self.resumed_from = found.path
+        log.warning("resumed from %s (step %d of %d)", found.path, found.step, self.config.max_steps)
 
 
 class PPOTrainer(Trainer):
