@@ -14,7 +14,7 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 if TYPE_CHECKING:
     from ..compiler.plan import ExecutionPlan
@@ -66,14 +66,14 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
         table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
         (out / "timing.txt").write_text(table + "\n")
         paths["timing"] = out / "timing.txt"
-        trainer.timing_table = table
     return paths
 
 
-def validation_history(trainer: "Trainer") -> dict[int, dict[str, float]]:
-    """``step -> val/... metrics`` of this run, from metrics.jsonl (which a resumed run keeps) or the trainer."""
+def validation_history(output_dir: Path, validations: Mapping[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """``step -> val/... metrics`` of the run in ``output_dir``, from its metrics.jsonl (which a resumed run keeps),
+    else from ``validations`` (the trainer's, of this process)."""
     found: dict[int, dict[str, float]] = {}
-    path = trainer.output_dir / "metrics.jsonl"
+    path = output_dir / "metrics.jsonl"
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
@@ -83,7 +83,7 @@ def validation_history(trainer: "Trainer") -> dict[int, dict[str, float]]:
             vals = {k: v for k, v in row.items() if k.startswith("val/")}
             if vals:
                 found[int(row["step"])] = vals
-    for step, metrics in trainer.validations.items():
+    for step, metrics in validations.items():
         found.setdefault(step, metrics)
     return found
 
@@ -100,7 +100,7 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
         lines[0] += f" (stopped at step {trainer.step} of {cfg.max_steps}: max_time_s={cfg.max_time_s:g} reached)"
     if trainer.stop_signal:
         lines[0] += f" (stopped by {trainer.stop_signal} at step {trainer.step} of {cfg.max_steps}; resume='auto' continues)"
-    vals = validation_history(trainer)
+    vals = validation_history(out, trainer.validations)
     if vals:
         first, last = vals[min(vals)], vals[max(vals)]
         for key in sorted(first):
@@ -120,7 +120,7 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
     lines.append(f"plan:       {out / 'plan.json'}   drawing: {artifacts.get('graph')}")
     if "trace" in artifacts:
         lines.append(f"trace:      {artifacts['trace']} (open in ui.perfetto.dev or chrome://tracing)")
-    table = getattr(trainer, "timing_table", None)
+    table = artifacts["timing"].read_text() if "timing" in artifacts else None
     if table:
         step = next(line for line in table.splitlines() if line.startswith("step "))
         pred, meas, ratio = step.split()[1:4]
