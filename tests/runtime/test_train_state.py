@@ -89,7 +89,7 @@ def _dp2_rank(rank: int, init: str, folder: str) -> None:
         saved = save_train_state(engine, f"{folder}/actor", role="actor", group=dist.group.WORLD)
         full = engine.state_dict()  # gathered on rank 0: what a dp=1 engine must end up holding
         if rank == 0:
-            names = engine._param_names()
+            names = engine.param_names()
             torch.save({"model": full["model"], "optim": {names[i]: e for i, e in full["optimizer"]["state"].items()}},
                        f"{folder}/full.pt")
             with open(f"{folder}/saved.json", "w") as f:

@@ -148,7 +148,8 @@ class FSDPTrainEngine(TrainEngine):
         return super().update(batch, loss_terms, count_reduce=count_reduce or self.sum_over_ranks)
 
     # -- state -----------------------------------------------------------------------------------
-    def _param_names(self) -> list[str]:
+    def param_names(self) -> list[str]:
+        """The parameters' names in the optimizer's order (the keys of its state)."""
         names = {id(p): n for n, p in self.module.named_parameters()}
         return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
 
@@ -156,7 +157,7 @@ class FSDPTrainEngine(TrainEngine):
         """Full model and optimizer state on rank 0 (empty tensors dicts elsewhere); a collective."""
         model = get_model_state_dict(self.module, options=_FULL)
         optim = get_optimizer_state_dict(self.module, self.optimizer, options=_FULL)
-        index = {name: i for i, name in enumerate(self._param_names())}
+        index = {name: i for i, name in enumerate(self.param_names())}
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
                   for g in optim.get("param_groups", ())]
         state = {index[name]: entry for name, entry in optim.get("state", {}).items()}
@@ -166,7 +167,7 @@ class FSDPTrainEngine(TrainEngine):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load full tensors (the same on every rank); each rank keeps its shard. A collective."""
         set_model_state_dict(self.module, dict(state["model"]), options=StateDictOptions(full_state_dict=True))
-        names = self._param_names()
+        names = self.param_names()
         saved = state["optimizer"]
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]}
                   for g in saved["param_groups"]]

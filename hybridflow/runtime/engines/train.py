@@ -108,7 +108,7 @@ class TrainEngine:
         temperature = self.config.temperature if temperature is None else temperature
         self._mode(training=False)
         tensors, width = trim_response_width(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))
-        micro, groups = self._micro_batches(tensors)
+        micro, groups = self.micro_batches(tensors)
         parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu() for t in micro]
         out = restore_row_order(parts[:len(groups)], groups)  # stand-ins' outputs dropped
         return torch.nn.functional.pad(out, (0, width - out.shape[-1]))  # 0 past the longest response
@@ -119,7 +119,7 @@ class TrainEngine:
         if not self.is_value_model:
             raise OpError("compute_values needs a ValueModel; this engine trains a causal LM (use compute_log_probs)")
         self._mode(training=False)
-        micro, groups = self._micro_batches(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))
+        micro, groups = self.micro_batches(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))
         parts = [self._value_outputs(t)["value_preds"].cpu() for t in micro]
         return restore_row_order(parts[:len(groups)], groups)
 
@@ -206,7 +206,7 @@ class TrainEngine:
         self._drop_gradients()
         pending: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
         contributing = self._rows_that_contribute(mini, terms)
-        micro_batches, groups = self._micro_batches(contributing, stand_ins_from=mini)
+        micro_batches, groups = self.micro_batches(contributing, stand_ins_from=mini)
         mini = contributing
         for index, micro in enumerate(micro_batches):
             share = count_tokens(micro["response_mask"]).float() / local_tokens
@@ -313,8 +313,8 @@ class TrainEngine:
         for start in range(0, size, step):
             yield {k: v[start:start + step] for k, v in tensors.items()}
 
-    def _micro_batches(self, tensors: dict[str, torch.Tensor], *, stand_ins_from: dict[str, torch.Tensor] | None = None
-                       ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
+    def micro_batches(self, tensors: dict[str, torch.Tensor], *, stand_ins_from: dict[str, torch.Tensor] | None = None
+                      ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
         """The micro-batches of ``tensors`` and their row indices (:mod:`.micro_batches`).
 
         As many micro-batches as :meth:`_agree_micro_batch_count` says: more rows split, then stand-ins
