@@ -19,7 +19,7 @@ _LAZY = {
     "loss": ("hybridflow.graph", "loss"),
     "resample": ("hybridflow.graph", "resample"),
     "StateRule": ("hybridflow.graph", "StateRule"),
-    "register_op": ("hybridflow_ops.registry", "register_op"),
+    "register_op": ("hybridflow.graph.op_registration", "register_op"),
     "compile": ("hybridflow.compiler.compile", "compile"),
     "PPOConfig": ("hybridflow.trainer", "PPOConfig"),
     "Trainer": ("hybridflow.trainer", "Trainer"),

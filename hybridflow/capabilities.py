@@ -13,7 +13,7 @@ the other to read it:
 """
 from __future__ import annotations
 
-__all__ = ["ROLLOUT_ENGINE_NAMES", "DEFAULT_ROLLOUT_ENGINE", "RUNTIME_TRAIN_ENGINES",
+__all__ = ["AGENT_DEFAULTS", "ROLLOUT_ENGINE_NAMES", "DEFAULT_ROLLOUT_ENGINE", "RUNTIME_TRAIN_ENGINES",
            "SHARED_PROMPT_REFERENCE_WIDTH", "SHARED_PROMPT_MIN_SAVED", "shared_prompt_threshold",
            "WEIGHT_SYNC_BUCKET_BYTES"]
 
@@ -53,3 +53,8 @@ def shared_prompt_threshold(min_saved: int, hidden: int | None) -> int:
 WEIGHT_SYNC_BUCKET_BYTES = 256 * 2**20
 """Bytes per bucket of a weight sync: the runtime streams the weights in buckets of this size
 (``runtime.weight_sync.DEFAULT_BUCKET_BYTES``) and the cost model predicts a sync with it."""
+
+
+AGENT_DEFAULTS = {"max_turns": 4, "max_tokens_per_turn": 32, "max_total_tokens": 128}
+"""The budgets of a multi-turn rollout whose generate node leaves them None: the agent loop
+(``runtime.engines.agent_loop.AgentParams``) runs with them and the cost model prices with them."""

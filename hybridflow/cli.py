@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("hybridflow.trainer.quickstart", "the seed article's minimal PPO on a tiny model, on CPU, in minutes"),
     "run": ("hybridflow.trainer.run_command", "train as a YAML run file says: run CONFIG.yaml [key=value ...]"),
     "export": ("hybridflow.trainer.export", "write a checkpoint's policy as a transformers model folder"),
+    "trajectories": ("hybridflow.commands.trajectories", "print a run's logged multi-turn trajectories readably"),
 }
 
 
@@ -38,21 +39,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "_module", None):
-        parser.print_help()
-        return 2
+    command = "COMMAND"
     try:
+        parser = build_parser()  # imports every command's module: a Ctrl-C can land here too
+        args = _parse(parser, argv)
+        if not getattr(args, "_module", None):
+            parser.print_help()
+            return 2
+        command = args.command
         return int(importlib.import_module(args._module).run(args) or 0)
     except HybridflowError as err:
-        print(f"hybridflow {args.command}: error: {err}", file=sys.stderr)
+        print(f"hybridflow {command}: error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # a second Ctrl-C (the first one lets a run finish its step and checkpoint)
+    except OSError as err:  # a file the command reads or writes that no project error names yet
+        print(f"hybridflow {command}: error: {_describe_os_error(err)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a Ctrl-C during start-up, or a second one (the first lets a run finish its step)
         hint = (" -- checkpoints are complete or absent; rerun with resume=auto to continue from the newest"
-                if args.command in ("run", "quickstart") else "")
-        print(f"hybridflow {args.command}: interrupted, stopped at once{hint}", file=sys.stderr)
+                if command in ("run", "quickstart") else "")
+        print(f"hybridflow {command}: interrupted, stopped at once{hint}", file=sys.stderr)
         return 130
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, letting ``key=value`` overrides come after options too (``run CONFIG --import MOD k=v``), as they may
+    before them: argparse stops filling a ``nargs='*'`` positional once an option has been seen."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _describe_os_error(err: OSError) -> str:
+    """``FILE: reason`` (and the second file of a rename or copy) without a traceback."""
+    files = " -> ".join(str(f) for f in (err.filename, err.filename2) if f is not None)
+    reason = err.strerror or str(err)
+    return f"{files}: {reason}" if files else reason
 
 
 if __name__ == "__main__":

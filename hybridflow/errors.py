@@ -25,7 +25,9 @@ __all__ = [
     "BatchError",
     "WorkerLostError",
     "OutputDirError",
+    "WriteError",
     "ContractError",
+    "AgentError",
 ]
 
 
@@ -110,14 +112,46 @@ class OutputDirError(HybridflowError):
     """An output folder cannot be used: another run holds it, it holds an earlier run's checkpoints, or it is a file."""
 
 
+class WriteError(OutputDirError):
+    """A file could not be written: a full disk, a read-only folder, no permission, a file-size limit.
+
+    Names what was being written, the file and the system's reason; ``errno`` is the OS error number.
+    Files written before it are left as they were (a half-written record is removed).
+    """
+
+    _HINTS = {28: "free some space on that disk or give another output folder",
+              27: "the file-size limit (ulimit -f) is reached; raise it or give another output folder",
+              30: "the file system is mounted read-only; give a writable folder",
+              13: "this user may not write there; give a writable folder",
+              1: "this user may not write there; give a writable folder"}
+
+    def __init__(self, what: str, err: OSError, path: object = None):
+        self.errno = err.errno
+        self.filename = str(path) if path is not None else err.filename
+        where = f" {self.filename}" if self.filename else ""
+        hint = self._HINTS.get(err.errno or 0)
+        reason = err.strerror or str(err)
+        super().__init__(f"{what}: cannot write{where}: {reason}" + (f"\n  hint: {hint}" if hint else ""))
+
+
 class ContractError(ExecutionError):
     """A node produced an output that breaks its declaration: wrong dtype, a shape that does not fit the
-    graph's dims, or a NaN/inf where finite values are declared. Names the node, its op and the field.
+    graph's dims, or a NaN/inf where finite values are declared; or an op wrote into one of its inputs
+    (``side="input"``). Names the node, its op and the field.
 
     ``HYBRIDFLOW_CHECK_CONTRACTS=0`` (or the config's ``check_contracts: false``) turns these checks off.
     """
 
-    def __init__(self, message: str, *, node: str, op: str, field: str | None = None):
+    def __init__(self, message: str, *, node: str, op: str, field: str | None = None, side: str = "output"):
         self.node, self.op, self.field = node, op, field
-        where = f"node {node!r} (op {op!r})" + (f", output {field!r}" if field else "")
+        where = f"node {node!r} (op {op!r})" + (f", {side} {field!r}" if field else "")
         super().__init__(f"{where}: {message}")
+
+
+class AgentError(HybridflowError):
+    """An agentic rollout cannot run: an unknown environment or tool, a bad tool-call format, an environment
+    that breaks its interface (a step after done, a non-string observation) or a sandbox that cannot start.
+
+    What a *model* does wrong inside a rollout (a malformed tool call, a tool that fails, a sandboxed program
+    that loops forever) is never raised: it becomes an error observation the model reads on its next turn.
+    """

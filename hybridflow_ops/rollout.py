@@ -7,7 +7,7 @@ import torch
 
 from .registry import register_op
 
-__all__ = ["OldLogProbs", "old_log_probs_from_rollout"]
+__all__ = ["OldLogProbs", "old_log_probs_from_rollout", "EnvScores", "env_scores"]
 
 
 class OldLogProbs(NamedTuple):
@@ -31,3 +31,23 @@ def old_log_probs_from_rollout(rollout_log_probs: torch.Tensor, response_mask: t
     """
     valid = response_mask.to(torch.bool)
     return OldLogProbs(torch.where(valid, rollout_log_probs, torch.zeros_like(rollout_log_probs)))
+
+
+class EnvScores(NamedTuple):
+    scores: torch.Tensor
+
+
+@register_op(
+    "env_scores",
+    inputs=("env_reward: float32[B]",),
+    outputs=("scores: float32[B]",),
+)
+def env_scores(env_reward: torch.Tensor) -> EnvScores:
+    """A multi-turn rollout's environment reward (summed over its steps) as the scores advantages read.
+
+    Shapes: env_reward ``(b,)`` -> scores ``(b,)``.
+
+    Reference: the undiscounted episodic return of Sutton and Barto 2018, "Reinforcement Learning: An
+    Introduction", eq. 3.7, as multi-turn agent RL uses it (Zhou et al. 2024, ArCHer, arXiv 2402.19446).
+    """
+    return EnvScores(env_reward.to(torch.float32).clone())

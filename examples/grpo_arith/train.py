@@ -50,7 +50,7 @@ from hybridflow.algorithms import ALGORITHMS
 from hybridflow.trainer import Trainer
 from hybridflow.data import create_tiny_model_dir, load_causal_lm, load_tokenizer
 from hybridflow.data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
-from hybridflow.trainer.run_command import stopped_status
+from hybridflow.trainer.run_command import report_errors, stopped_status
 from hybridflow.trainer.warmup import supervised_warmup
 
 VLLM_OPTIONS = {"max_model_len": 64, "kv_cache_gib": 1}
@@ -129,4 +129,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    report_errors("grpo_arith/train.py")  # a hybridflow error prints one line, not a traceback
     main()

@@ -13,8 +13,9 @@ import sys
 
 from hybridflow import PPOConfig, RolloutManager
 from hybridflow.trainer import PPOTrainer
-from hybridflow.trainer.run_command import stopped_status
+from hybridflow.trainer.run_command import report_errors, stopped_status
 
+report_errors("minimal_ppo.py")  # a hybridflow error (a full disk, a bad setting) prints one line, not a traceback
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=400, help="training steps (32 prompts x 16 samples each)")
 parser.add_argument("--max-time", type=float, default=600, help="stop after this many seconds of training")

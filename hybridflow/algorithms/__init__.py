@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import GraphError
 from ..graph import Algorithm
+from .agent_grpo import agent_grpo
 from .cispo import cispo
 from .clip_cov import clip_cov
 from .dapo import dapo
@@ -29,7 +30,7 @@ from .rloo import rloo
 from .safe_rlhf import safe_rlhf
 
 __all__ = ["ALGORITHMS", "get_algorithm", "resolve_algorithm", "import_modules", "FixedGraph", "ppo", "grpo", "grpo_is", "rloo", "reinforce_pp", "remax", "safe_rlhf",
-           "dapo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov", "opo", "gpg", "passk",
+           "dapo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov", "opo", "gpg", "passk", "agent_grpo",
            "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer"]
 
 _TRAINERS = ("PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer")
@@ -46,7 +47,7 @@ def __getattr__(name: str):
 ALGORITHMS: dict[str, Algorithm] = {
     "ppo": ppo, "grpo": grpo, "grpo_is": grpo_is, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
     "dapo": dapo, "gspo": gspo, "cispo": cispo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "opo": opo,
-    "gpg": gpg, "passk": passk,
+    "gpg": gpg, "passk": passk, "agent_grpo": agent_grpo,
 }
 """Algorithm name -> its traceable definition."""
 

@@ -30,6 +30,14 @@ def grpo(prompts, actor, ref, reward, *, n=8, norm_by_std=True, clip_ratio=0.2, 
     else:
         old_logp = hf.compute("old_log_probs_from_rollout", rollout)
     adv = hf.compute("grpo_advantage", rollout, reward.score(rollout), norm_by_std=norm_by_std)
+    grpo_update(actor, ref, rollout, adv, old_logp, clip_ratio=clip_ratio, kl_loss=kl_loss, kl_coef=kl_coef,
+                kl_type=kl_type, loss_agg_mode=loss_agg_mode, entropy_coef=entropy_coef)
+
+
+def grpo_update(actor, ref, rollout, adv, old_logp, *, clip_ratio, kl_loss, kl_coef, kl_type, loss_agg_mode,
+                entropy_coef):
+    """GRPO's actor update (traced inside an algorithm): PPO-clip, plus the KL to ``ref`` as a loss term when
+    ``kl_loss`` (the reference's log-probs then feed it) and an entropy bonus when ``entropy_coef``."""
     policy_loss = hf.loss("ppo_clip", clip_low=clip_ratio, clip_high=clip_ratio, loss_agg_mode=loss_agg_mode)
     inputs = [rollout, adv, old_logp]
     if kl_loss:

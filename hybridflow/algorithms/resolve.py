@@ -27,7 +27,7 @@ from typing import Iterable, Mapping
 from ..errors import ConfigError, UnknownAlgorithmError
 from ..graph import Algorithm, Graph, Role
 
-__all__ = ["FixedGraph", "AlgorithmLike", "resolve_algorithm", "import_modules", "algorithm_choices"]
+__all__ = ["FixedGraph", "AlgorithmLike", "resolve_algorithm", "import_module", "import_modules", "algorithm_choices"]
 
 
 class FixedGraph:
@@ -85,7 +85,7 @@ def _from_text(text: str, where: str) -> "Algorithm | FixedGraph":
         return _from_file(Path(text), where)
     if ":" in text:
         module_name, _, attr = text.partition(":")
-        module = _import(module_name, f"{where} {text!r}")
+        module = import_module(module_name, f"{where} {text!r}")
         try:
             found = getattr(module, attr)
         except AttributeError:
@@ -107,7 +107,7 @@ def _from_file(path: Path, where: str) -> FixedGraph:
     return FixedGraph(graph, str(path))
 
 
-def _import(name: str, where: str):
+def import_module(name: str, where: str):
     """Import ``name`` as ``python -m`` would: the working directory is on the path (the console script's is not)."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -117,6 +117,20 @@ def _import(name: str, where: str):
     except ImportError as err:
         raise ConfigError(f"{where}: cannot import module {name!r} ({err}); give an importable module name "
                           "(a file mymod.py in the working directory is 'mymod', a package module 'pkg.mod')") from None
+    except SyntaxError as err:
+        raise ConfigError(f"{where}: module {name!r} has a syntax error at {err.filename}, line {err.lineno}: "
+                          f"{err.msg}") from None
+    except Exception as err:  # the module's own code raised while it was imported
+        raise ConfigError(f"{where}: importing module {name!r} raised {type(err).__name__}: {err} "
+                          f"(at {_raised_at(err)}); fix the module") from None
+
+
+def _raised_at(err: BaseException) -> str:
+    """``file, line N`` of the innermost frame of ``err``'s traceback (where the module's code raised)."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    return f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else "an unknown place"
 
 
 def import_modules(names: Iterable[str], where: str = "imports") -> None:
@@ -124,12 +138,29 @@ def import_modules(names: Iterable[str], where: str = "imports") -> None:
     for name in names:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"{where}: {name!r} is not a module name")
-        _import(name.strip(), where)
+        import_module(name.strip(), where)
 
 
 def check_algorithm_args(algorithm: "Algorithm | FixedGraph", args: Mapping[str, object], where: str = "algorithm_args") -> None:
-    """Every key of ``args`` is an attribute of ``algorithm``: ConfigError listing its attributes otherwise."""
+    """Every key of ``args`` is an attribute of ``algorithm`` and every value of its default's kind (a float for a
+    float, ...): ConfigError listing its attributes, or naming the kind wanted, otherwise."""
     unknown = sorted(set(args) - set(algorithm.defaults))
     if unknown:
         have = ", ".join(algorithm.defaults) or "(none: a fixed graph)"
         raise ConfigError(f"{where}: algorithm {algorithm.name!r} has no attribute {', '.join(unknown)}; its attributes are {have}")
+    for name, value in args.items():
+        default = algorithm.defaults[name]
+        if not _same_kind(value, default):
+            raise ConfigError(f"{where}.{name}: algorithm {algorithm.name!r} takes a {type(default).__name__} for "
+                              f"{name!r} (default {default!r}), got {type(value).__name__} {value!r}")
+
+
+def _same_kind(value: object, default: object) -> bool:
+    """Whether ``value`` can stand where the algorithm's ``default`` is: same JSON kind (an int for a float too)."""
+    if default is None or value is None:
+        return True  # an attribute without a default value, or one set back to none: the op judges it
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float)) and (isinstance(default, float) or isinstance(value, int))
+    return isinstance(value, type(default))

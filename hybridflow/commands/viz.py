@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError, GraphError
+from ..errors import ConfigError, GraphError, WriteError
 
 __all__ = ["Reader", "READERS", "add_arguments", "run"]
 
@@ -86,7 +86,13 @@ def _is_trace(doc: object) -> bool:
 def _read_trace(path: str | None):
     if not path:
         return None
-    doc = _read_json(Path(path))
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--trace {path}: cannot be read ({getattr(err, 'strerror', None) or err}); give a run's "
+                          "trace.json") from None
+    except ValueError as err:
+        raise ConfigError(f"--trace {path}: not JSON ({err}); give a run's trace.json") from None
     if not _is_trace(doc):
         raise ConfigError(f"--trace {path}: not a Chrome trace with complete events (a run's trace.json)")
     return doc
@@ -176,14 +182,22 @@ def run(args: argparse.Namespace) -> int:
     import_modules(args.imports, "--import")
     source = args.source
     overrides = assignments(args.overrides)
-    if Path(source).is_file():
-        if overrides:
-            raise ConfigError("--set overrides an algorithm's attributes; it does not apply to a JSON file")
-        rendered = _draw_file(Path(source), Path(args.output or Path(source).stem), args)
-    else:
-        from ..viz.graph import draw_graph
+    if args.trace and not (Path(source).is_file() and _is_plan(_read_json(Path(source)))):
+        raise ConfigError(f"--trace draws a run's measured timeline beside a compiled plan's predicted one; SOURCE "
+                          f"{source!r} is not a plan file (hybridflow compile writes one; a run writes plan.json)")
+    try:
+        if Path(source).is_file():
+            if overrides:
+                raise ConfigError("--set overrides an algorithm's attributes; it does not apply to a JSON file")
+            rendered = _draw_file(Path(source), Path(args.output or Path(source).stem), args)
+        else:
+            from ..viz.graph import draw_graph
 
-        algorithm = resolve_algorithm(source, "SOURCE")
-        rendered = draw_graph(algorithm.build(**overrides), Path(args.output or algorithm.name))
+            algorithm = resolve_algorithm(source, "SOURCE")
+            rendered = draw_graph(algorithm.build(**overrides), Path(args.output or algorithm.name))
+    except OSError as err:
+        if err.filename is not None and Path(err.filename).resolve() == Path(source).resolve():
+            raise ConfigError(f"SOURCE {source}: cannot be read ({err.strerror})") from None
+        raise WriteError(f"the drawing (-o {args.output or 'default'})", err) from None
     print(rendered.message)
     return 0

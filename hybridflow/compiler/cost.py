@@ -107,6 +107,7 @@ class CostOptions(BaseModel):
     reuse_rollout_log_probs: bool = Field(default=False, description="A policy's logprob node is served from its rollout's log-probs where the rollout engine shares the train engine's module and precision (compiler pass 'reuse'); on only when both compute in fp32, which the compiler cannot see (the trainer turns it on for CPU runs).")
     rollout_engine: str = Field(default=DEFAULT_ROLLOUT_ENGINE, description="The rollout engine of the generating role (hf, vllm): generation time is scaled by its factor (hybridflow.compiler.rollout_engines) and the plan records it.")
     real_seq_len: float | None = Field(default=None, gt=0, description="Mean real tokens per sequence (prompt + response, no padding) in the train engine's forwards (log-probs, values, update) when it packs sequences or forms micro-batches by a token budget: their compute, communication and activations are priced at this length, never above the padded prompt_len + response_len. Reward-model scores keep the padded width. None: the padded width.")
+    tool_call_s: float = Field(default=0.0, ge=0, description="Multi-turn rollouts (generate nodes with env=): expected seconds of one environment step (a tool call). Samples step concurrently, so an iteration waits for about one step per turn after the first.")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 
@@ -149,6 +150,11 @@ class Generate:
     response_len: int
     memory_used_bytes: float = 0.0
     samples: int = 1
+    turns: int = 1
+    """Model turns of a multi-turn rollout: ``response_len`` tokens in ``turns`` turns, each turn prefilling the
+    whole context so far (prompt and earlier turns) again; 1 for a one-turn rollout."""
+    tool_s: float = 0.0
+    """Host seconds the rollout waits for its environment steps (tool calls), on the critical path."""
 
 
 @dataclass(frozen=True)
@@ -284,12 +290,18 @@ def generate_cost(w: Generate, c: ClusterSpec, o: CostOptions) -> CostRecord:
     waves, batch = plan
     prompts = math.ceil(batch / w.samples) if o.shared_prefill else batch
     prefill, decode = generation_time(m, g, batch, w.prompt_len, w.response_len, c, prompts)
+    if w.turns > 1:  # turn k prefills the prompt and k earlier turns again (each sample its own context)
+        per_turn = w.response_len / w.turns
+        prefill += sum(generation_time(m, g, batch, max(1, round(w.prompt_len + k * per_turn)), 1, c, batch)[0]
+                       for k in range(1, w.turns))
     factor = rollout_engine_cost(o.rollout_engine).time_factor
     prefill, decode = factor * prefill, factor * decode
     peak = (w.memory_used_bytes + mem.generation_weight_bytes(m, g)
             + batch * mem.kv_bytes_per_sequence(m, g, w.prompt_len + w.response_len))
-    return CostRecord("generate", waves * (prefill + decode), peak,
-                      (("prefill", waves * prefill), ("decode", waves * decode), ("waves", float(waves))))
+    parts = (("prefill", waves * prefill), ("decode", waves * decode), ("waves", float(waves)))
+    if w.turns > 1 or w.tool_s:
+        parts += (("turns", float(w.turns)), ("tool", w.tool_s))
+    return CostRecord("generate", waves * (prefill + decode) + w.tool_s, peak, parts)
 
 
 def _forward_parts(model: ModelSpec, layout: Layout, tokens_per_micro: float, micro_batches: int,

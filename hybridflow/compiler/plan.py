@@ -173,6 +173,9 @@ class ExecutionPlan(_Frozen):
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise PlanError(f"not a plan: invalid JSON ({err})") from None
+        if isinstance(data, dict) and data.get("format") == "hybridflow.graph":
+            raise PlanError("this is a graph (Graph.to_json), not an ExecutionPlan: give it as algorithm=FILE to train "
+                            "it, or compile it first (hybridflow compile FILE -o PLAN.json) and give plan=PLAN.json")
         if isinstance(data, dict) and data.get("version") not in (None, PLAN_VERSION):
             raise PlanError(f"plan version {data.get('version')!r} is not supported; this hybridflow reads version {PLAN_VERSION}")
         try:

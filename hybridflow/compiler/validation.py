@@ -30,14 +30,21 @@ from .plan import ExecutionPlan, PlanOp, verify_plan
 __all__ = ["validation_graph", "validation_plan"]
 
 
-def validation_graph(policy: str = "actor", reward: str = "reward", *, samples: int = 4, seed: int | None = None) -> Graph:
-    """The graph of one validation: greedy and ``samples`` sampled responses per prompt, each scored."""
+def validation_graph(policy: str = "actor", reward: str = "reward", *, samples: int = 4, seed: int | None = None,
+                     agent: dict | None = None) -> Graph:
+    """The graph of one validation: greedy and ``samples`` sampled responses per prompt, each scored.
+
+    ``agent``: the training rollout's environment settings (``GenerateAttrs.agent``): validation then
+    runs the same multi-turn rollouts, and the reward role scores their final answers.
+    """
     import hybridflow as hf
 
+    multi_turn = dict(agent or {})
+
     def validate(prompts, actor, scorer, *, samples, seed):
-        greedy = actor.generate(prompts, greedy=True)
+        greedy = actor.generate(prompts, greedy=True, **multi_turn)
         scorer.score(greedy)
-        sampled = actor.generate(prompts, n=samples, seed=seed)
+        sampled = actor.generate(prompts, n=samples, seed=seed, **multi_turn)
         scorer.score(sampled)
 
     parameter = inspect.Parameter
@@ -59,7 +66,8 @@ def validation_plan(plan: ExecutionPlan, *, samples: int = 4, seed: int | None =
     if not policies or not rewards:
         raise PlanError(f"graph {train.name!r} has no policy and reward role to validate with")
     policy, reward = policies[0], rewards[0]
-    graph = validation_graph(policy, reward, samples=samples, seed=seed)
+    agent = next((n.attrs.agent for n in train.nodes if n.kind == "generate" and n.role == policy and n.attrs.agent), None)
+    graph = validation_graph(policy, reward, samples=samples, seed=seed, agent=agent)
     gen = plan.placement(policy)
     score = plan.placement(reward)
     sync = next((op for op in plan.ops if op.kind == "weight_sync" and op.role == policy), None)

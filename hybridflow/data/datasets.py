@@ -14,6 +14,7 @@ epoch from a seed, and can save and restore its position for resumption.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,12 +115,13 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def load_prompt_dataset(path: str | Path) -> PromptDataset:
+def load_prompt_dataset(path: str | Path, *, empty_prompts: str = "error") -> PromptDataset:
     """Read a ``.jsonl`` or ``.parquet`` prompt file into a :class:`PromptDataset`.
 
     Raises :class:`DataError` naming the file when it is missing, unreadable,
     empty, of another format, or lacks a required column (the message lists the
-    columns it does have).
+    columns it does have). Rows with an empty prompt are a DataError naming them
+    (``empty_prompts="error"``) or are left out with a warning counting them (``"skip"``).
     """
     path = Path(path)
     if not path.is_file():
@@ -129,7 +131,36 @@ def load_prompt_dataset(path: str | Path) -> PromptDataset:
     rows = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
     if not rows:
         raise DataError(f"{path}: the dataset has no rows.")
+    rows = _without_empty_prompts(rows, path, empty_prompts)
     return PromptDataset(rows, source=str(path))
+
+
+def _is_empty_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    if isinstance(prompt, (list, tuple)):
+        return not any(isinstance(m, Mapping) and str(m.get("content") or "").strip() for m in prompt)
+    return False  # another type: _normalise_row names it
+
+
+def _without_empty_prompts(rows: list[dict[str, Any]], path: Path, policy: str) -> list[dict[str, Any]]:
+    """``rows`` less those whose prompt is empty (``policy`` "skip", with a warning), or DataError (``"error"``)."""
+    if policy not in ("error", "skip"):
+        raise DataError(f"empty_prompts must be 'error' or 'skip', got {policy!r}")
+    empty = [i for i, row in enumerate(rows, start=1) if isinstance(row, Mapping) and _is_empty_prompt(row.get("prompt"))]
+    if not empty:
+        return rows
+    listed = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
+    if policy == "error":
+        raise DataError(f"{path}: {len(empty)} of {len(rows)} rows have an empty prompt (row {listed}); fix them, or "
+                        "set empty_prompts=skip to leave them out")
+    skipped = set(empty)
+    kept = [row for i, row in enumerate(rows, start=1) if i not in skipped]
+    if not kept:
+        raise DataError(f"{path}: every one of its {len(rows)} rows has an empty prompt")
+    logging.getLogger("hybridflow.data").warning("%s: skipped %d of %d rows with an empty prompt (row %s; "
+                                                 "empty_prompts=skip)", path, len(empty), len(rows), listed)
+    return kept
 
 
 def write_prompt_dataset(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:

@@ -71,7 +71,8 @@ def tokenize_prompts(
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             if not truncate:
                 raise DataError(f"prompt {i} is {len(ids)} tokens, longer than max_prompt_length={max_prompt_length}; "
-                                "raise the limit, shorten the prompt, or pass truncate=True (keeps the end).")
+                                "raise max_prompt_length (a config field) or shorten the prompt (from Python, "
+                                "make_prompt_batch(..., truncate=True) keeps the prompt's end).")
             ids = ids[-max_prompt_length:]
         encoded.append(ids)
     width = max((len(ids) for ids in encoded), default=0)

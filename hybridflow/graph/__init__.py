@@ -21,7 +21,7 @@ See :mod:`.ir` for the records, :mod:`.signature` for the typing rules and
 from .algorithm import GRAPH_INPUTS, ROLE_KINDS_BY_NAME, Algorithm, algorithm
 from .attrs import ComputeAttrs, GenerateAttrs, InferAttrs, LossTerm, ScoreAttrs, UpdateAttrs
 from .errors import (
-    AmbiguousFieldError, CycleError, DoubleUpdateError, DuplicateNodeError, FrozenRoleUpdateError, MissingFieldError,
+    AmbiguousFieldError, CycleError, DoubleUpdateError, DuplicateNodeError, FrozenRoleUpdateError, GroupSizeError, MissingFieldError,
     NodeOrderError, OpKindError, RoleKindError, TypeMismatchError, UndeclaredRoleError, UnknownAttrError, UnknownOpError,
     UnusedValueWarning, UpdateOrderError,
 )
@@ -39,6 +39,6 @@ __all__ = [
     "GenerateAttrs", "InferAttrs", "ScoreAttrs", "ComputeAttrs", "LossTerm", "UpdateAttrs", "LossSpec", "Value",
     "FieldSpec", "Schema", "PROMPTS", "ROLLOUT", "LOG_PROBS", "OLD_LOG_PROBS", "REF_LOG_PROBS", "VALUES", "SCORES", "ADVANTAGES",
     "CycleError", "NodeOrderError", "DuplicateNodeError", "MissingFieldError", "AmbiguousFieldError", "TypeMismatchError",
-    "UnknownOpError", "OpKindError", "UnknownAttrError", "UndeclaredRoleError", "RoleKindError", "FrozenRoleUpdateError",
+    "UnknownOpError", "OpKindError", "UnknownAttrError", "UndeclaredRoleError", "RoleKindError", "FrozenRoleUpdateError", "GroupSizeError",
     "DoubleUpdateError", "UpdateOrderError", "UnusedValueWarning",
 ]

@@ -19,7 +19,7 @@ from ..errors import GraphError
 
 __all__ = [
     "Scalar", "Params", "is_scalar", "make_params",
-    "GenerateAttrs", "InferAttrs", "ScoreAttrs", "ComputeAttrs", "LossTerm", "UpdateAttrs",
+    "GenerateAttrs", "AGENT_ATTRS", "InferAttrs", "ScoreAttrs", "ComputeAttrs", "LossTerm", "UpdateAttrs",
     "NodeAttrs", "ATTRS_BY_KIND", "attrs_to_dict", "attrs_from_dict",
 ]
 
@@ -67,8 +67,20 @@ class GenerateAttrs:
     top_p: float | None = None
     seed: int | None = None
     """Seed of this node's sampling stream (continued across iterations); None: the rollout engine's own."""
+    env: str | None = None
+    """A multi-turn rollout against this environment (a registered name or 'package.module:Class'); None: one turn."""
+    max_turns: int | None = None
+    """Model turns per trajectory at most (env only; None: the engine's default)."""
+    max_tokens_per_turn: int | None = None
+    """Tokens one model turn may sample (env only)."""
+    max_total_tokens: int | None = None
+    """Tokens of a whole trajectory, model and observation tokens together (env only): the rollout's R."""
+    observation_role: str | None = None
+    """env only: render each observation with the tokenizer's chat template as a message of this role
+    ('user', 'tool'); None: append its text as it is."""
 
     def __post_init__(self) -> None:
+        self._check_agent()
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise GraphError(f"GenerateAttrs.n must be a positive int, got {self.n!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -81,6 +93,34 @@ class GenerateAttrs:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not is_scalar(value) or value < 0):
                 raise GraphError(f"GenerateAttrs.{name} must be a non-negative number or None, got {value!r}")
+
+
+    def _check_agent(self) -> None:
+        budgets = ("max_turns", "max_tokens_per_turn", "max_total_tokens")
+        if self.env is None:
+            given = [name for name in budgets + ("observation_role",) if getattr(self, name) is not None]
+            if given:
+                raise GraphError(f"GenerateAttrs: {', '.join(given)} apply to a multi-turn rollout only; give env=...")
+            return
+        if not isinstance(self.env, str) or not self.env.strip():
+            raise GraphError(f"GenerateAttrs.env must be an environment name or 'module:Class', got {self.env!r}")
+        if self.observation_role is not None and (not isinstance(self.observation_role, str) or not self.observation_role):
+            raise GraphError(f"GenerateAttrs.observation_role must be a chat role or None, got {self.observation_role!r}")
+        for name in budgets:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise GraphError(f"GenerateAttrs.{name} must be a positive int or None, got {value!r}")
+
+    @property
+    def agent(self) -> dict[str, object] | None:
+        """The multi-turn settings given (``env`` and the budgets that are not None), or None for one turn."""
+        if self.env is None:
+            return None
+        return {name: getattr(self, name) for name in AGENT_ATTRS if getattr(self, name) is not None}
+
+
+AGENT_ATTRS = ("env", "max_turns", "max_tokens_per_turn", "max_total_tokens", "observation_role")
+"""The generate attributes of a multi-turn rollout; absent from the JSON form of a one-turn node."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +198,11 @@ def attrs_to_dict(attrs: NodeAttrs) -> dict[str, Any]:
         return dict(attrs.params)
     if isinstance(attrs, UpdateAttrs):
         return {"terms": [{"op": t.op, "weight": t.weight, "params": dict(t.params)} for t in attrs.terms]}
-    return {f.name: getattr(attrs, f.name) for f in fields(attrs)}
+    data = {f.name: getattr(attrs, f.name) for f in fields(attrs)}
+    if isinstance(attrs, GenerateAttrs) and attrs.env is None:
+        for name in AGENT_ATTRS:
+            del data[name]
+    return data
 
 
 def _term_from_dict(data: object, where: str) -> LossTerm:

@@ -8,10 +8,14 @@ fix it.
 """
 from __future__ import annotations
 
+from hybridflow_ops.registry import OpRegistryError
+
 from ..errors import GraphValidationError, OpError, TraceError
 
 __all__ = [
     "CycleError",
+    "GroupSizeError",
+    "OpRegistrationError",
     "NodeOrderError",
     "DuplicateNodeError",
     "MissingFieldError",
@@ -83,6 +87,19 @@ class DoubleUpdateError(GraphValidationError):
 
 class UpdateOrderError(GraphValidationError):
     """A role's update does not come after every other node that reads that role's weights."""
+
+
+class GroupSizeError(GraphValidationError):
+    """A group estimator (an op that reads ``group_index``) gets groups of one response each: its advantages are all 0."""
+
+
+class OpRegistrationError(OpError, OpRegistryError):
+    """``hf.register_op`` refused an op: a malformed field declaration, a name already taken, a bad kind.
+
+    Both a :class:`~hybridflow.errors.HybridflowError` (an ``OpError``) and the ops package's own
+    ``OpRegistryError`` (which :mod:`hybridflow_ops`, knowing nothing of hybridflow, raises), so either
+    ``except`` catches it.
+    """
 
 
 class UnusedValueWarning(UserWarning):

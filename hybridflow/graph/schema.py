@@ -16,7 +16,7 @@ from ..errors import GraphError
 
 __all__ = [
     "FieldSpec", "Schema", "parse_field",
-    "PROMPTS", "ROLLOUT", "LOG_PROBS", "OLD_LOG_PROBS", "REF_LOG_PROBS", "VALUES", "SCORES", "ADVANTAGES",
+    "PROMPTS", "ROLLOUT", "AGENT_ROLLOUT", "LOG_PROBS", "OLD_LOG_PROBS", "REF_LOG_PROBS", "VALUES", "SCORES", "ADVANTAGES",
     "STANDARD_SCHEMAS",
 ]
 
@@ -78,6 +78,14 @@ ROLLOUT = Schema.of(
 )
 """Generated responses with their prompts; ``group_index`` is the prompt each response answers."""
 
+AGENT_ROLLOUT = Schema.of(
+    "turn_index: int64[B, R]", "num_turns: int64[B]", "env_reward: float32[B]",
+    "tool_calls: int64[B]", "tool_errors: int64[B]",
+)
+"""What a multi-turn rollout (a generate node with ``env=``) adds to :data:`ROLLOUT`: the model turn of each
+position (-1 at padding), turns taken, the environment's summed reward, tool calls made and failed. Its
+``response_mask`` is 1 only on tokens the model sampled: observations are context, never trained."""
+
 OLD_LOG_PROBS = Schema.of("old_log_probs: float32[B, R]")
 """Per-token log-probs of the responses under the actor before the update."""
 
@@ -97,6 +105,6 @@ ADVANTAGES = Schema.of("advantages: float32[B, R]", "returns: float32[B, R]")
 """Per-token advantages and returns (value targets)."""
 
 STANDARD_SCHEMAS: dict[str, Schema] = {
-    "Prompts": PROMPTS, "Rollout": ROLLOUT, "OldLogProbs": OLD_LOG_PROBS, "RefLogProbs": REF_LOG_PROBS,
+    "Prompts": PROMPTS, "Rollout": ROLLOUT, "AgentRollout": AGENT_ROLLOUT, "OldLogProbs": OLD_LOG_PROBS, "RefLogProbs": REF_LOG_PROBS,
     "Values": VALUES, "Scores": SCORES, "Advantages": ADVANTAGES,
 }

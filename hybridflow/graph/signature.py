@@ -32,7 +32,7 @@ from .errors import (
     UnknownAttrError, UnknownOpError,
 )
 from .ir import CONTROLLER, Role
-from .schema import LOG_PROBS, PROMPTS, ROLLOUT, VALUES, parse_field
+from .schema import AGENT_ROLLOUT, LOG_PROBS, PROMPTS, ROLLOUT, VALUES, parse_field
 
 __all__ = [
     "ModelOp", "MODEL_OPS", "LOGPROB_FIELD", "SCORE_FIELD", "MODEL_PROVIDES",
@@ -68,9 +68,14 @@ SCORE_FIELD = {"reward": "scores", "cost": "costs"}
 MODEL_PROVIDES = {"policy": ("log_probs", "entropy"), "critic": ("value_preds",)}
 """The loss ``model_inputs`` each trainable role kind computes inside an update."""
 
+def _rollout_fields(role: Role, attrs: NodeAttrs) -> tuple[FieldSpec, ...]:
+    """A rollout; one with an environment (``env=``) adds its turns, rewards and tool counts (AGENT_ROLLOUT)."""
+    fields = ROLLOUT.fields + (AGENT_ROLLOUT.fields if getattr(attrs, "env", None) else ())
+    return tuple(_with_batch(f, "B*n") for f in fields)
+
+
 MODEL_OPS: dict[str, ModelOp] = {
-    "generate": ModelOp("generate", ("policy",), PROMPTS.fields,
-                        lambda role, attrs: tuple(_with_batch(f, "B*n") for f in ROLLOUT)),
+    "generate": ModelOp("generate", ("policy",), PROMPTS.fields, _rollout_fields),
     "logprob": ModelOp("infer", ("policy", "reference"), _SEQUENCE,
                        lambda role, attrs: (LOGPROB_FIELD[role.kind],)),
     "values": ModelOp("infer", ("critic",), _SEQUENCE, lambda role, attrs: VALUES.fields),

@@ -148,11 +148,21 @@ class RoleHandle:
         return f"<role {self.role.name}: {self.role.kind}, {'trainable' if self.role.trainable else 'frozen'}>"
 
     def generate(self, prompts: Value, *, n: int = 1, greedy: bool = False, max_new_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None, seed: int | None = None) -> Value:
+                 temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+                 env: str | None = None, max_turns: int | None = None, max_tokens_per_turn: int | None = None,
+                 max_total_tokens: int | None = None, observation_role: str | None = None) -> Value:
         """Sample ``n`` responses per prompt (a Rollout whose batch dim is the prompts' B times n); ``seed`` gives
-        the node a sampling stream of its own (validation samples apart from training's)."""
+        the node a sampling stream of its own (validation samples apart from training's).
+
+        With ``env`` (a registered environment or ``'package.module:Class'``), each response is a multi-turn
+        trajectory against the environment, within ``max_turns`` model turns of at most ``max_tokens_per_turn``
+        tokens and ``max_total_tokens`` in all (``observation_role``: observations rendered as chat messages of
+        that role by the tokenizer's template); the rollout then also has the AgentRollout fields
+        (``turn_index``, ``num_turns``, ``env_reward``, ``tool_calls``, ``tool_errors``) and its
+        ``response_mask`` is 1 on model tokens only."""
         attrs = GenerateAttrs(n=n, greedy=greedy, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed)
+                              seed=seed, env=env, max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
+                              max_total_tokens=max_total_tokens, observation_role=observation_role)
         base = f"{self.role.name}.generate" + ("_greedy" if greedy else "")
         return self._tracer.record(base, "generate", "generate", self.role, attrs, (prompts,))
 

@@ -30,14 +30,14 @@ from ..errors import GraphError
 from . import dims as D
 from .analysis import ancestors, find_cycle
 from .errors import (
-    CycleError, DoubleUpdateError, DuplicateNodeError, MissingFieldError, NodeOrderError, TypeMismatchError,
+    CycleError, DoubleUpdateError, DuplicateNodeError, GroupSizeError, MissingFieldError, NodeOrderError, TypeMismatchError,
     UndeclaredRoleError, UnusedValueWarning, UpdateOrderError,
 )
 from .ir import CONTROLLER, Graph, Node
 from .resampling import check_resample
 from .signature import Signature, bind_inputs, node_signature, output_fields
 
-__all__ = ["validate"]
+__all__ = ["validate", "check_group_sizes"]
 
 
 def _check_names(graph: Graph) -> None:
@@ -136,6 +136,30 @@ def _check_updates(graph: Graph) -> None:
                     f"may change the weights of {node.role!r} before {other.name!r} reads them", node=node.name,
                     hint=f"pass a value that depends on {other.name!r} to the update, so that it runs after it",
                 )
+
+
+GROUP_FIELD = "group_index"
+"""The rollout field that says which prompt each response answers; an op that reads it estimates within groups."""
+
+
+def check_group_sizes(graph: Graph) -> None:
+    """A group estimator must get groups of 2 or more: with one response per prompt every response is its group's
+    mean, so the advantages are 0 and the policy never learns (GRPO, RLOO, ... with ``n=1``).
+
+    Not part of :func:`validate`: such a graph is well formed (to draw, compile, or test an engine with), it is
+    only useless to train; the trainer calls this before step 1 (GroupSizeError naming the estimator's node)."""
+    by_name = {n.name: n for n in graph.nodes}
+    for node in graph.nodes:
+        for item in node.inputs:
+            source = by_name.get(item.source)
+            if item.name != GROUP_FIELD or source is None or source.kind != "generate" or source.attrs.n != 1:
+                continue
+            raise GroupSizeError(
+                f"op {node.op!r} estimates advantages within groups of responses to one prompt, but {source.name!r} "
+                "samples 1 response per prompt: every advantage would be 0 and nothing would be learned",
+                node=node.name, field=GROUP_FIELD,
+                hint=f"sample 2 or more responses per prompt (n_samples >= 2, or n=... on {source.name!r}), or use an "
+                     "estimator without groups (gae with a critic, reinforce_pp, remax)")
 
 
 def _unused(graph: Graph) -> list[UnusedValueWarning]:

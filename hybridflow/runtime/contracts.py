@@ -16,6 +16,12 @@ output batch is made, each declared field is checked for
   only: log-probs may hold ``-inf`` on padding, and scores are checked by the
   score reader itself.
 
+* **untouched inputs** of a compute op: an op that writes into a tensor it was given
+  (``scores.sub_(...)``, ``adv[mask == 0] = 0``) changes values other nodes read too. Each
+  input's version counter (torch bumps it on every in-place write, through views as well) is
+  read before and after the call; a tensor made under ``torch.inference_mode`` has none, so it
+  is copied before and compared after (see :class:`InputGuard`).
+
 A breach raises :class:`~hybridflow.errors.ContractError` naming the node, its
 op, the field, what was declared and what came out.
 
@@ -48,7 +54,7 @@ from ..graph.dims import factors
 from ..graph.schema import Schema
 from ..batch import Batch
 
-__all__ = ["ENV_VAR", "DimScope", "enabled", "set_enabled", "check_node_output", "check_compute_results"]
+__all__ = ["ENV_VAR", "DimScope", "enabled", "set_enabled", "check_node_output", "check_compute_results", "InputGuard"]
 
 ENV_VAR = "HYBRIDFLOW_CHECK_CONTRACTS"
 """Set to ``0`` (or ``false``, ``no``, ``off``) to turn the checks off in this process."""
@@ -242,3 +248,40 @@ def check_compute_results(node: Node, inputs: Batch, results: Any, finite: Seque
     output = {spec.name: value for spec, value in zip(declared, results)}
     _check_fields(node, node.outputs, output, scope, finite)
     _tag(output.values(), scope)
+
+
+class InputGuard:
+    """Notes a compute op's input tensors before the call; :meth:`check` raises ContractError for one it wrote into.
+
+    ``inputs``: field name -> the tensor handed to the op. Writes through ``.data`` or numpy views escape the
+    version counter; every in-place torch op is seen.
+    """
+
+    def __init__(self, node: Node, inputs: Mapping[str, Any]):
+        self.node = node
+        self._before: list[tuple[str, torch.Tensor, int | torch.Tensor]] = []
+        for name, tensor in inputs.items():
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            mark = tensor.clone() if tensor.is_inference() else tensor._version
+            self._before.append((name, tensor, mark))
+
+    def check(self) -> None:
+        for name, tensor, mark in self._before:
+            if isinstance(mark, torch.Tensor):
+                changed = not _same_values(mark, tensor)
+            else:
+                changed = tensor._version != mark
+            if changed:
+                raise ContractError(
+                    f"the op wrote into its input {name!r} (in place); other nodes read the same tensor, so their "
+                    "values changed too. Compute on a copy (x = x.clone()) or with out-of-place ops (x = x - y, "
+                    "torch.where(...))", node=self.node.name, op=self.node.op, field=name, side="input")
+
+
+def _same_values(before: torch.Tensor, after: torch.Tensor) -> bool:
+    if before.shape != after.shape:
+        return False
+    if before.is_floating_point():
+        return bool(((before == after) | (before.isnan() & after.isnan())).all())
+    return torch.equal(before, after)

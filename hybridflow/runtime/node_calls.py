@@ -35,6 +35,7 @@ from hybridflow_ops.registry import get_op
 from ..errors import ExecutionError, RewardError
 from ..graph import Node
 from . import contracts
+from .agent_metrics import agent_metrics
 from ..batch import Batch
 
 __all__ = ["SEQUENCE_FIELDS", "WorkerCall", "gather", "node_call", "node_output", "run_compute", "reused_log_probs",
@@ -78,6 +79,8 @@ def _generate_call(node: Node, env: Mapping[str, Batch]) -> WorkerCall:
     a = node.attrs
     overrides = {"n": a.n, "greedy": a.greedy or None, "max_new_tokens": a.max_new_tokens,
                  "temperature": a.temperature, "top_p": a.top_p, "seed": a.seed}
+    if a.env is not None:  # a multi-turn rollout: the worker runs the agent loop with these settings
+        return WorkerCall("generate", node.role, gather(node, env), (overrides, a.agent))
     return WorkerCall("generate", node.role, gather(node, env), (overrides,))
 
 
@@ -115,6 +118,9 @@ def node_call(node: Node, env: Mapping[str, Batch]) -> WorkerCall:
 def _generate_output(node: Node, rollout: Batch, metrics: dict[str, float]) -> Batch:
     lengths = rollout["response_mask"].sum(-1)
     metrics.setdefault("response_length/mean", float(lengths.mean()))
+    if "turn_index" in rollout:
+        for name, value in agent_metrics(rollout).items():
+            metrics.setdefault(name, value)
     return rollout
 
 
@@ -163,9 +169,12 @@ def run_compute(node: Node, env: Mapping[str, Batch]) -> Batch:
     """A controller node: the registered op on the gathered tensors, its outputs by their declared names."""
     spec = get_op(node.op)
     batch = gather(node, env)
-    outputs = spec.fn(*(batch[f.name] for f in spec.inputs), **dict(node.attrs.params))
+    inputs = {f.name: batch[f.name] for f in spec.inputs}
+    guard = contracts.InputGuard(node, inputs) if contracts.enabled() else None
+    outputs = spec.fn(*inputs.values(), **dict(node.attrs.params))
     if isinstance(outputs, torch.Tensor) and len(spec.outputs) == 1:
         outputs = (outputs,)  # an op with one output may return the bare tensor
-    if contracts.enabled():
+    if guard is not None:
+        guard.check()
         contracts.check_compute_results(node, batch, outputs, spec.finite_outputs)
     return Batch({f.name: value for f, value in zip(spec.outputs, outputs)})

@@ -51,6 +51,8 @@ class RoleSpec:
     nothing). False gives the rollout engine its own copy, refreshed by every weight_sync op."""
     unfinished_score: float | None = None
     """Rule rewards: score given to responses that never produced EOS (None: score them like the others)."""
+    reward_timeout_s: float | None = None
+    """Rule rewards: longest one compute_score call may take (RewardError past it); None: no limit."""
     rollout_engine: str = "hf"
     """Policy: the rollout engine's registry name (the plan's ``RolePlacement.rollout_engine``)."""
     rollout_options: dict[str, Any] | None = None
@@ -169,7 +171,8 @@ def _reward(role: str, spec: RoleSpec, device: str) -> RoleEngines:
         eos = ()
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos = (tokenizer.eos_token_id,)
-        source = RuleRewardSource(source, tokenizer=tokenizer, eos_token_ids=eos, unfinished_score=spec.unfinished_score)
+        source = RuleRewardSource(source, tokenizer=tokenizer, eos_token_ids=eos, unfinished_score=spec.unfinished_score,
+                                  timeout_s=spec.reward_timeout_s)
     return RoleEngines(kind="reward", reward=source)
 
 

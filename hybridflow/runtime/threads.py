@@ -67,21 +67,38 @@ class OtherLoad:
         return max(0.0, (os.cpu_count() or 1) * busy / total - own / wall)
 
 
-def busy_cores(window_s: float = 0.2) -> float:
+_last_window: OtherLoad = OtherLoad()
+"""The window since the last :func:`busy_cores` measurement ended (or since this module was imported)."""
+_last_busy: float | None = None
+"""What that measurement found (None before the first)."""
+
+
+def busy_cores(window_s: float = 0.2, *, reuse_s: float = 2.0) -> float:
     """Cores kept busy by *other* processes: measured over ``window_s`` (:class:`OtherLoad`), else the load average.
 
     ``busy = cores x (busy jiffies / all jiffies)`` over the window, minus this process's own CPU time
-    in it; a sleeping window of this process, so its own share is ~0. Never negative.
+    in it. No wait where a recent measurement says it (a trainer's start-up asks twice, a test session hundreds
+    of times): the last result when it ended under ``window_s`` ago; else the window since then when that is
+    at most ``reuse_s`` long; else a fresh window of ``window_s`` this call sleeps through (its own share ~0).
+    ``reuse_s=0``: always a fresh window. Never negative.
     """
-    meter = OtherLoad()
-    if meter._start is None:
+    global _last_window, _last_busy
+    meter, fresh = _last_window, OtherLoad()
+    if fresh._start is None:
         try:
             return max(0.0, float(os.getloadavg()[0]))
         except (AttributeError, OSError):
             return 0.0
-    time.sleep(window_s)
-    busy = meter.cores(min_window_s=0.0)
-    return 0.0 if busy is None else busy
+    age = fresh._wall - meter._wall
+    if reuse_s > 0 and _last_busy is not None and age < window_s:
+        return _last_busy
+    if reuse_s <= 0 or meter._start is None or age > reuse_s:
+        meter, age = fresh, 0.0  # no recent window: open one now
+    if age < window_s:
+        time.sleep(window_s - age)
+    found = meter.cores(min_window_s=0.0)
+    _last_window, _last_busy = OtherLoad(), (0.0 if found is None else found)
+    return _last_busy
 
 
 def slot_threads(share: int | None, *, requested: int | None = None, busy: float | None = None) -> int:

@@ -12,9 +12,10 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..errors import ExecutionError
+from ..errors import AgentError, ExecutionError
 from ..batch import Batch
 from .engines import SamplingParams
+from .engines.agent_loop import AgentParams
 from .roles import RoleEngines, RoleSpec, build_role_engines
 from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, stream_into
 
@@ -56,10 +57,18 @@ class RoleWorker:
         return engines
 
     # -- node kinds ------------------------------------------------------------------
-    def generate(self, role: str, prompts: Batch, overrides: Mapping[str, object]) -> Batch:
+    def generate(self, role: str, prompts: Batch, overrides: Mapping[str, object],
+                 agent: Mapping[str, object] | None = None) -> Batch:
+        """Responses to ``prompts``; with ``agent`` (a node's env settings), multi-turn trajectories."""
         rollout = self.engines_for(role, "rollout").rollout
         params = rollout.sampling.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-        return rollout.generate(prompts, SamplingParams.model_validate(params.model_dump()))
+        params = SamplingParams.model_validate(params.model_dump())
+        if agent is None:
+            return rollout.generate(prompts, params)
+        if not hasattr(rollout, "generate_agentic"):
+            raise AgentError(f"role {role!r}: a rollout with env={agent.get('env')!r} needs a rollout engine with an "
+                             f"agent loop (hf, vllm); {type(rollout).__name__} has none")
+        return rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)))
 
     def logprob(self, role: str, batch: Batch) -> torch.Tensor:
         return self.engines_for(role, "train").train.compute_log_probs(batch)

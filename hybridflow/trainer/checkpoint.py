@@ -10,7 +10,8 @@ Layout of one checkpoint (``<output_dir>/checkpoints/step_00000003/``)::
                           so that `hybridflow export` can rebuild a model folder
     trainer_state.json    step, RNG states, data position, config and its hash, optimizer param groups,
                           LR schedules, the algorithm's run state (``algorithm_state``, e.g. a Lagrange
-                          multiplier), and a manifest (size and sha256 of every other file)
+                          multiplier), a manifest (size and sha256 of every other file) and the sha256
+                          of its own content (``state_sha256``): every file of a checkpoint is checked
 
 The controller (the driver) writes only trainer_state.json and hf/: it never holds model or optimizer
 state. A checkpoint is written into ``.tmp-step_...`` next to the others (the workers write their
@@ -41,7 +42,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, WriteError
 from ..runtime.dcp_files import dcp_exception, file_sha256, safe_reader, save_dcp, unwrap_dcp_error
 
 __all__ = ["CHECKPOINTS", "STATE_FILE", "LoadedCheckpoint", "save_checkpoint", "list_checkpoints", "read_checkpoint",
@@ -53,11 +54,13 @@ CHECKPOINTS = "checkpoints"
 """Sub-folder of the output dir that holds the checkpoints."""
 STATE_FILE = "trainer_state.json"
 TENSORS = "tensors"
-FORMAT_VERSION = 2
-"""2: the trained roles' tensors in ``tensors/<role>/`` (one DCP folder each, written by the workers holding
+FORMAT_VERSION = 3
+"""3: as 2, and trainer_state.json carries ``state_sha256``, the sha256 of its own content (see
+:func:`state_digest`), so that the manifest's own file is covered too. 2: the trained roles' tensors in ``tensors/<role>/`` (one DCP folder each, written by the workers holding
 them; optimizer state keyed by parameter name). 1: one DCP folder ``tensors/`` written by the controller
 (still read, e.g. by ``hybridflow export``)."""
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+STATE_DIGEST = "state_sha256"
 ShardWriter = Callable[[Path], "tuple[dict[str, Any], dict[str, dict]]"]
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -86,11 +89,14 @@ def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch
     Returns the checkpoint folder.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:08d}"
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as err:
+        raise WriteError(f"the checkpoint of step {step} cannot be written", err) from None
     try:
         written: dict[str, dict] = {}
         if tensors:
@@ -103,17 +109,59 @@ def save_checkpoint(root: str | os.PathLike, step: int, tensors: dict[str, torch
             write_extra(tmp)
         document = {"format_version": FORMAT_VERSION, "step": step, "saved_at": time.time(), **state,
                     "manifest": _manifest(tmp, known=written)}
+        document[STATE_DIGEST] = state_digest(document)
         _write_json(tmp / STATE_FILE, document)
         final = root / name
         if final.exists():  # the same step saved again (a resumed run redoing it): move the old one aside first
             _discard(final)
         os.rename(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException as err:
+        problem = _write_problem(err, tmp)  # before the half-written folder is removed and frees its space
         shutil.rmtree(tmp, ignore_errors=True)
+        if problem is not None:
+            raise WriteError(f"the checkpoint of step {step} cannot be written (the half-written folder is removed; "
+                             "earlier checkpoints are kept)", problem, tmp if problem.filename is None else None) from None
         raise
     _prune(root, keep)
     return final
+
+
+_FREE_BYTES_MIN = 1 << 20
+"""Below this many free bytes a failed checkpoint write is taken for a full disk."""
+
+
+def _write_problem(err: BaseException, folder: Path) -> OSError | None:
+    """The OS-level reason a checkpoint write failed, or None when it failed for another reason.
+
+    An OSError is its own reason. DCP and torch's zip writer report a full disk or a file-size limit as
+    their own errors (``CheckpointError``, torch's ``unexpected pos``), so for those the disk is looked at:
+    too little free space is ENOSPC, a folder this process may not write is EACCES, a file-size limit
+    (``ulimit -f``) is EFBIG.
+    """
+    import errno
+
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        resource = None
+    if isinstance(err, OSError):
+        return err
+    if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: not a disk problem
+        return None
+    try:
+        stats = os.statvfs(folder)
+        if stats.f_bavail * stats.f_frsize < _FREE_BYTES_MIN:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError:
+        pass
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        return OSError(errno.EACCES, os.strerror(errno.EACCES))
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE) if resource is not None else (None, None)
+    text = str(err)
+    if limit not in (None, getattr(resource, "RLIM_INFINITY", None)) and ("unexpected pos" in text or "File too large" in text):
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    return None
 
 
 def _discard(path: Path) -> None:
@@ -201,9 +249,29 @@ def read_checkpoint(path: str | os.PathLike, *, prefixes: tuple[str, ...] | None
         raise CheckpointError(f"{state_path} is unreadable ({err}); the checkpoint is corrupt") from None
     if not isinstance(state, dict) or state.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{state_path}: unknown checkpoint format {state.get('format_version') if isinstance(state, dict) else state!r}")
+    _verify_state(state_path, state)
     _verify_manifest(path, state.get("manifest") or {})
     tensors = _dcp_load(path / TENSORS, prefixes)
     return LoadedCheckpoint(path=path, step=int(state["step"]), state=state, tensors=tensors)
+
+
+def state_digest(document: dict[str, Any]) -> str:
+    """sha256 of a trainer_state document without its ``state_sha256`` entry, in a canonical JSON form (sorted
+    keys, no spaces), so that it does not depend on how the file is indented."""
+    import hashlib
+
+    body = {k: v for k, v in document.items() if k != STATE_DIGEST}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _verify_state(state_path: Path, state: dict[str, Any]) -> None:
+    """Format 3 and later: the state file's own digest matches its content (an edit is corruption, not a resume)."""
+    if state["format_version"] < 3:
+        return
+    if state.get(STATE_DIGEST) != state_digest(state):
+        raise CheckpointError(f"{state_path} does not match its {STATE_DIGEST} (the file was edited or damaged); "
+                              "the checkpoint is corrupt")
 
 
 def _verify_manifest(path: Path, manifest: dict[str, dict]) -> None:

@@ -22,7 +22,7 @@ from ..capabilities import DEFAULT_ROLLOUT_ENGINE, ROLLOUT_ENGINE_NAMES
 from ..errors import ConfigError
 from ..names import DEVICE_RE
 
-__all__ = ["PPOConfig", "LRSchedule", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "OPS_TABLE_FIELDS", "ops_table_choices", "config_error",
+__all__ = ["PPOConfig", "LRSchedule", "RewardServer", "GRAPH_ATTRS", "DERIVED_ATTRS", "algorithm_attrs", "field_attribute", "ROLE_SOURCE_FIELDS", "RUN_CONTROL_FIELDS", "TRACKERS", "OPS_TABLE_FIELDS", "ops_table_choices", "config_error",
            "config_hash"]
 
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -74,6 +74,28 @@ class LRSchedule(BaseModel):
         return {"lr_schedule": self.name, "warmup_steps": warmup, "total_steps": total, "min_lr_ratio": self.min_lr_ratio}
 
 
+class RewardServer(BaseModel):
+    """An HTTP reward server the reward role asks for scores (:class:`~hybridflow.rewards.RemoteRewardModel`; the
+    request and reply formats are in ``docs/rewards.md``). In YAML ``reward_server: {url: http://host:8000/v1/rank,
+    model_name: rm}``; on the command line ``reward_server.url=http://host:8000/v1/rank``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="The endpoint, e.g. http://localhost:8000/v1/rank (a path ending in rank or rerank: the rerank format).")
+    model_name: str | None = Field(None, description="Sent as \"model\" in each request (the served model's name).")
+    api_format: Literal["auto", "scores", "rerank"] = Field("auto", description="Request format: scores, rerank, or auto (rerank when the URL's path ends in rank or rerank).")
+    batch_size: int = Field(64, ge=1, description="Responses per request.")
+    timeout_s: float = Field(30.0, gt=0, description="Seconds to wait for each reply.")
+    max_retries: int = Field(3, ge=0, description="Further attempts after a failed one (connection error, timeout, HTTP 408/429/5xx), with exponential back-off.")
+
+    def source(self):
+        """The :class:`~hybridflow.rewards.RemoteRewardModel` this describes."""
+        from ..rewards import RemoteRewardModel
+
+        return RemoteRewardModel(self.url, self.model_name, api_format=self.api_format, batch_size=self.batch_size,
+                                 timeout=self.timeout_s, max_retries=self.max_retries)
+
+
 def _schedule_from_name(value):
     """``"cosine"`` -> ``{"name": "cosine"}``: a schedule may be given by its name alone."""
     return {"name": value} if isinstance(value, str) else value
@@ -89,11 +111,14 @@ class PPOConfig(BaseModel):
     critic_model_name: str | None = Field(None, description="Critic backbone (PPO); None: the actor's model.")
     ref_model_name: str | None = Field(None, description="Reference model for the KL term; None: the actor's initial model.")
     reward_model_name: str | None = Field(None, description="Sequence-classification reward model (path or hub name); a causal-LM checkpoint gets a new score head. None: the rule reward `reward_fn`.")
+    reward_server: RewardServer | None = Field(None, description="HTTP reward server the reward role asks for scores: url, model_name, api_format, batch_size, timeout_s, max_retries (see RewardServer and docs/rewards.md). None: reward_model_name, else the rule reward reward_fn.")
     reward_fn: str = Field("hybridflow_ops.rewards:default_compute_score", description="Rule reward `module:function` with the signature compute_score(data_source, solution_str, ground_truth, extra_info=None).")
+    reward_timeout_s: float | None = Field(300.0, gt=0, description="Longest a rule reward function (reward_fn, cost_fn) may take on one response before the run stops with a RewardError naming the sample; a first Ctrl-C while it runs stops the run within this bound. The function then runs on a helper thread; None: call it on the main thread (a function that sets signal handlers, e.g. signal.alarm, needs that) and wait for ever.")
     unfinished_score: float | None = Field(0.0, description="Score of a response that hit the length limit without EOS (None: score it like the others).")
     # -- data -----------------------------------------------------------------
     train_files: str | None = Field(None, description="Prompt dataset (.jsonl or .parquet with prompt, ground_truth, data_source). None: the built-in arithmetic task (all 100 prompts 'a+b=').")
     val_files: str | None = Field(None, description="Held-out prompts for validation; None: the training prompts.")
+    empty_prompts: Literal["error", "skip"] = Field("error", description="A row whose prompt is empty (blank text, no chat message with content): 'error' refuses the dataset naming the rows, 'skip' leaves them out with a warning that counts them.")
     apply_chat_template: bool = Field(False, description="Format prompts with the tokenizer's chat template.")
     max_prompt_length: int = Field(512, ge=1, description="Prompts longer than this are an error.")
     max_response_length: int = Field(256, ge=1, description="Maximum new tokens per response.")
@@ -162,6 +187,7 @@ class PPOConfig(BaseModel):
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None: torch's default.")
     seed: int = Field(0, description="Seed of the data order, sampling and model initialisation.")
     # -- loop ---------------------------------------------------------------
+    trajectory_log_samples: int = Field(4, ge=0, description="Multi-turn rollouts: trajectories per step appended to output_dir/trajectories.jsonl (read them with `hybridflow trajectories`); 0: none.")
     eval_freq: int = Field(0, ge=0, description="Validate every this many steps (0: only before and after training).")
     stop_at_val_score: float | None = Field(None, description="Stop once a validation's greedy score (val/score/greedy) reaches this; None: run all steps.")
     val_samples: int = Field(4, ge=1, description="k of val mean@k (sampled responses per validation prompt).")
@@ -257,6 +283,13 @@ class PPOConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _one_reward_source(self) -> "PPOConfig":
+        if self.reward_server is not None and self.reward_model_name:
+            raise ValueError(f"reward_server ({self.reward_server.url}) and reward_model_name ({self.reward_model_name!r}) "
+                             "both name the reward; give one of them")
+        return self
+
+    @model_validator(mode="after")
     def _sizes_agree(self) -> "PPOConfig":
         if self.batch_size and self.micro_batch_size and self.micro_batch_size > self.batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must not exceed batch_size ({self.batch_size})")
@@ -315,7 +348,7 @@ RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
     "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
-    "imports", "ray_address",
+    "imports", "ray_address", "trajectory_log_samples",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -90,6 +91,12 @@ def _unknown(key: str, where: str) -> ConfigError:
     return ConfigError(f"{where}: unknown config field {key!r}{hint}")
 
 
+def _optional_record(field: str) -> bool:
+    """Whether config field ``field`` holds an optional settings record (``reward_server``: a model or None)."""
+    annotation = PPOConfig.model_fields[field].annotation
+    return any(isinstance(t, type) and issubclass(t, BaseModel) for t in typing.get_args(annotation))
+
+
 def apply_override(data: dict[str, Any], item: str) -> None:
     """Apply one ``key[.sub...]=value`` override to ``data`` in place."""
     key, sep, text = item.partition("=")
@@ -110,6 +117,8 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             current = dict(default) if isinstance(default, dict) else default
             if isinstance(current, BaseModel):  # a settings record (actor_lr_schedule): its fields are the sub-keys
                 current = current.model_dump()
+            elif current is None and _optional_record(part):  # reward_server.url=...: a record started here
+                current = {}
         if depth == 0 and isinstance(current, str) and part.endswith("_lr_schedule"):
             current = {"name": current}  # a schedule given by its name
         if not isinstance(current, dict):

@@ -19,20 +19,26 @@ __all__ = ["export_checkpoint", "add_arguments", "run"]
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, role: str | None = None,
-                      base_model: str | None = None) -> Path:
+                      base_model: str | None = None, overwrite: bool = False) -> Path:
     """Write the weights of ``role`` (default: the policy, usually ``actor``) in ``checkpoint`` as a model folder;
-    LoRA adapters merged into their base model (``base_model``: overrides the one the checkpoint names)."""
+    LoRA adapters merged into their base model (``base_model``: overrides the one the checkpoint names).
+
+    A folder ``to`` that already holds files is refused (OutputDirError) unless ``overwrite``; a folder that
+    cannot be written (read-only, full) is a WriteError naming the file."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from ..data import load_tokenizer
-    from ..errors import CheckpointError
-    from ..errors import OutputDirError
+    from ..errors import CheckpointError, OutputDirError, WriteError
     from ..runtime.engines.lora import ADAPTER_CONFIG
     from .checkpoint import read_checkpoint, resolve_checkpoint
 
     if Path(to).exists() and not Path(to).is_dir():
-        raise OutputDirError(f"--to {str(to)!r} is an existing file; give a folder to write the model into "
-                             "(a new one, or one to add the model files to)")
+        raise OutputDirError(f"--to {str(to)!r} is an existing file; give a folder to write the model into")
+    if not overwrite and Path(to).is_dir() and any(Path(to).iterdir()):
+        held = sorted(p.name for p in Path(to).iterdir())
+        raise OutputDirError(f"--to {str(to)!r} is not empty (it holds {', '.join(held[:5])}"
+                             f"{', ...' if len(held) > 5 else ''}); give a new or empty folder, or --overwrite to "
+                             "write the model files over what is there")
     path = resolve_checkpoint(checkpoint)
     policies = sorted(p.name for p in (path / "hf").iterdir()) if (path / "hf").is_dir() else []
     if not policies:
@@ -56,9 +62,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, r
     if (hf / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(hf)
     out = Path(to)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    load_tokenizer(hf).save_pretrained(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        load_tokenizer(hf).save_pretrained(out)
+    except OSError as err:
+        raise WriteError(f"export of {path} to {str(out)!r}", err) from None
     return out
 
 
@@ -90,11 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint folder (checkpoints/step_N), or a run's output dir for its newest")
     parser.add_argument("--to", required=True, help="folder to write the transformers model into")
     parser.add_argument("--role", default=None, help="policy role to export (default: actor)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a --to folder that already holds files (the model's files replace theirs)")
     parser.add_argument("--base-model", default=None, help="LoRA checkpoints: the base model to merge the adapters into "
                                                            "(default: the one the checkpoint names)")
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_checkpoint(args.checkpoint, args.to, role=args.role, base_model=args.base_model)
+    out = export_checkpoint(args.checkpoint, args.to, role=args.role, base_model=args.base_model,
+                            overwrite=args.overwrite)
     print(f"exported to {out}; load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0

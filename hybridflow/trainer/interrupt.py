@@ -5,7 +5,8 @@ the first SIGINT or SIGTERM only records itself: the trainer finishes the step u
 takes its "last step" path (a checkpoint unless ``save_on_interrupt=False``, the trace, the
 summary) and the command exits with ``128 + signal number`` (130 for SIGINT, 143 for SIGTERM,
 as shells do). A second signal raises :class:`KeyboardInterrupt` at once (or, inside a file write
-torch's writers must finish, as soon as it returns: see :mod:`hybridflow.runtime.write_guard`);
+torch's writers must finish, as soon as it returns: see :mod:`hybridflow.runtime.write_guard`),
+and so does a first one while ``at_once`` is set (a run starting up: no step to finish, nothing to save);
 checkpoints are written to a temporary folder and renamed, so that stop leaves each one complete or absent. The
 previous handlers come back when the block ends. (Python ignores an exception raised while a
 ``__del__`` runs, so :meth:`check` raises it again at the trainer's next step boundary.) Outside the main thread it installs nothing.
@@ -38,6 +39,8 @@ class StopRequest:
         self.what = what
         self.signum: int | None = None
         self.forced = False
+        self.at_once = False
+        """While True (a run starting up: nothing to finish or save yet), the first signal stops at once too."""
         self._previous: dict[int, object] = {}
 
     @property
@@ -54,9 +57,11 @@ class StopRequest:
             raise KeyboardInterrupt("a second signal: stopping at once")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:
+        if self.signum is not None or self.at_once:
             self.forced = True
-            stop = KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+            which = "second " if self.signum is not None else ""
+            self.signum = self.signum if self.signum is not None else signum
+            stop = KeyboardInterrupt(f"{which}{signal.Signals(signum).name}: stopping at once")
             if write_guard.defer(stop):
                 log.warning("second %s received: stopping once the file being written is complete",
                             signal.Signals(signum).name)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Protocol, TextIO
 
+from ..errors import WriteError
 from ..runtime.spans import Span
 
 __all__ = ["SCORE_KEYS", "training_score", "TIMING_NAMES", "timing_metrics", "Tracker", "ConsoleTracker", "JsonlTracker", "format_metrics", "nan_streak"]
@@ -94,33 +95,59 @@ class JsonlTracker:
     A resumed run (``resume_step`` k) keeps the records of steps up to k, drops those after
     it (the resumed run redoes them) and a line cut by the interruption, and appends; the file
     is rewritten only when something is dropped, through a temporary file and a rename, so a
-    kill at any moment leaves either the old file or the new one. A fresh run (``resume_step``
-    None) on a folder whose ``path`` already holds records sets that file aside as
-    ``metrics.1.jsonl`` (the first free number) and starts a new one.
+    kill at any moment leaves either the old file or the new one. A line that is not a JSON
+    record is reported (a warning with its line number) and kept in ``<stem>.unreadable.txt``
+    beside the file. A fresh run (``resume_step`` None) on a folder whose ``path`` already holds
+    records sets that file aside as ``metrics.1.jsonl`` (the first free number) and starts a new one.
+
+    Each record is written with one unbuffered write; when that fails (a full disk, a file-size
+    limit) the file is cut back to the records before it, so it never ends in a half-written
+    line, and :class:`~hybridflow.errors.WriteError` names the file and the reason.
     """
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_file() and self.path.stat().st_size:
-            if resume_step is None:
-                self._set_aside()
-            else:
-                self._keep_until(resume_step)
-        self._file = self.path.open("a", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_file() and self.path.stat().st_size:
+                if resume_step is None:
+                    self._set_aside()
+                else:
+                    self._keep_until(resume_step)
+            self._file = self.path.open("ab", buffering=0)
+        except OSError as err:
+            raise WriteError("the metrics file cannot be written", err, self.path) from None
 
     def _keep_until(self, step: int) -> None:
         text = self.path.read_text(encoding="utf-8", errors="replace")
         lines = text.splitlines()
+        unreadable = [(number, line) for number, line in enumerate(lines, 1) if line.strip() and _record(line) is None]
         kept = [line for line in lines if _record_kept(line, step)]
+        if unreadable:
+            self._report_unreadable(unreadable, last_cut=not text.endswith("\n") and unreadable[-1][0] == len(lines))
         if kept == lines and text.endswith("\n"):
             return
         temporary = self.path.with_name(self.path.name + ".tmp")
-        with temporary.open("w", encoding="utf-8") as out:
-            out.writelines(line + "\n" for line in kept)
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            with temporary.open("w", encoding="utf-8") as out:
+                out.writelines(line + "\n" for line in kept)
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
         os.replace(temporary, self.path)
+
+    def _report_unreadable(self, unreadable: list[tuple[int, str]], last_cut: bool) -> None:
+        """Warn about lines that are no JSON record, and keep them beside the file (nothing is dropped unsaid)."""
+        aside = self.path.with_name(f"{self.path.stem}.unreadable.txt")
+        with aside.open("a", encoding="utf-8") as out:
+            out.writelines(f"{self.path.name}:{number}: {line}\n" for number, line in unreadable)
+        numbers = ", ".join(str(number) for number, _ in unreadable[:10]) + (" ..." if len(unreadable) > 10 else "")
+        cut = " (the last one cut by the interruption)" if last_cut else ""
+        logging.getLogger("hybridflow.trainer").warning(
+            "%s: %d line(s) are not JSON records and are left out of the resumed file%s: line %s; they are kept in %s",
+            self.path, len(unreadable), cut, numbers, aside)
 
     def _set_aside(self) -> None:
         number = 1
@@ -131,20 +158,64 @@ class JsonlTracker:
                                             self.path.parent, self.path.name, aside.name)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self._file.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
-        self._file.flush()
+        data = (json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n").encode("utf-8")
+        fd = self._file.fileno()
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as err:
+            try:
+                os.ftruncate(fd, start)  # no half-written line: the file ends with the previous record
+            except OSError:
+                pass
+            raise WriteError(f"the metrics of step {step} cannot be written (the records of the steps before "
+                             "it are kept)", err, self.path) from None
+
+    def rewind(self, step: int) -> None:
+        """Drop the records of the steps after ``step`` (a restart redoes them from its checkpoint), keep the rest."""
+        self._file.close()
+        try:
+            self._keep_until(step)
+            self._file = self.path.open("ab", buffering=0)
+        except OSError as err:
+            raise WriteError("the metrics file cannot be written", err, self.path) from None
 
     def close(self) -> None:
         self._file.close()
 
 
-def _record_kept(line: str, resume_step: int) -> bool:
-    """Whether a resumed run keeps this line: a record of a step up to ``resume_step``, or one without a step."""
+def recorded_history(path: str | Path, last_step: int) -> list[dict[str, float]]:
+    """The metrics of steps 1..``last_step`` as ``path`` (a run's ``metrics.jsonl``) holds them, one dict per step
+    (the last record of each, without its ``step``); [] where the file is missing (the run logged none there)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    steps: dict[int, dict[str, float]] = {}
+    for record in filter(None, map(_record, lines)):
+        step = record.pop("step", None)
+        if isinstance(step, int) and not isinstance(step, bool) and 1 <= step <= last_step:
+            steps[step] = record
+    return [steps[s] for s in sorted(steps)]
+
+
+def _record(line: str) -> dict | None:
+    """The JSON record on ``line``, or None when it is not one (a cut or garbled line)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError:
-        return False  # a line cut by the interruption
-    step = record.get("step") if isinstance(record, dict) else None
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _record_kept(line: str, resume_step: int) -> bool:
+    """Whether a resumed run keeps this line: a record of a step up to ``resume_step``, or one without a step."""
+    record = _record(line)
+    if record is None:
+        return False  # reported by JsonlTracker._report_unreadable
+    step = record.get("step")
     return not isinstance(step, (int, float)) or isinstance(step, bool) or step <= resume_step
 
 

@@ -1,4 +1,4 @@
-"""``hybridflow quickstart``: the seed article's minimal PPO, on CPU, in a few minutes.
+"""``hybridflow quickstart``: the seed article's minimal PPO, on CPU, in under 3 minutes.
 
 A tiny random-weight model (made in code) learns the built-in arithmetic task ``a+b=``
 (reward 1 for the exact sum followed by EOS) with PPO: actor, critic, reference model and

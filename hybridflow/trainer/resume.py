@@ -128,6 +128,11 @@ def _check_compatible(config: PPOConfig, algorithm: str, found: LoadedCheckpoint
     if found.state.get("config_hash") != config_hash(config):
         saved = found.state.get("config", {})
         now = config.model_dump(mode="json")
+        if "seed" in saved and saved["seed"] != now.get("seed"):  # the data order and every sampling stream follow it
+            raise CheckpointError(
+                f"{found.path} was written by a run with seed={saved['seed']}; this run has seed={now.get('seed')}. A "
+                f"resumed run keeps its seed (the prompt order and the sampling streams follow it): drop the seed "
+                f"override (or set seed={saved['seed']}), or start a fresh run in another output_dir")
         changed = sorted(k for k in set(saved) | set(now) if k not in RUN_CONTROL_FIELDS and saved.get(k) != now.get(k))
         log.warning("resuming %s with a changed config (%s); the run will not match an uninterrupted one",
                     found.path, ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed))

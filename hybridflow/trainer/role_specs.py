@@ -8,7 +8,6 @@ and the reward role the reward: the source set with ``Trainer.set_reward_model``
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 from ..compiler.plan import ExecutionPlan
@@ -26,10 +25,13 @@ __all__ = ["role_specs", "reward_spec", "cost_spec", "load_function"]
 
 def load_function(path: str, field: str = "reward_fn") -> Callable:
     """``"package.module:function"`` -> the function; ConfigError naming ``field`` and the path otherwise."""
+    from ..algorithms.resolve import import_module
+
     module_name, _, attr = path.partition(":")
+    module = import_module(module_name, f"{field} {path!r}")  # the working directory is on the path, as for algorithm=
     try:
-        fn = getattr(importlib.import_module(module_name), attr or "compute_score")
-    except (ImportError, AttributeError) as err:
+        fn = getattr(module, attr or "compute_score")
+    except AttributeError as err:
         raise ConfigError(f"{field} {path!r} cannot be loaded ({err}); write it as 'package.module:function'") from None
     if not callable(fn):
         raise ConfigError(f"{field} {path!r} is not callable")
@@ -80,11 +82,13 @@ def reward_spec(cfg: PPOConfig, inputs: RunInputs, reward_source: Any = None) ->
     """A reward role: ``reward_source`` (set with ``Trainer.set_reward_model``), else ``reward_model_name``, else the
     rule ``reward_fn``."""
     if reward_source is not None:
-        return RoleSpec(reward=reward_source, tokenizer=inputs.tokenizer, unfinished_score=cfg.unfinished_score)
+        return RoleSpec(reward=reward_source, tokenizer=inputs.tokenizer, unfinished_score=cfg.unfinished_score,
+                        reward_timeout_s=cfg.reward_timeout_s)
     model = ROLE_MODEL_SOURCES["reward"](cfg, inputs.actor_path)
     if model:
         return RoleSpec(model=model)
-    return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=inputs.tokenizer, unfinished_score=cfg.unfinished_score)
+    return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=inputs.tokenizer, unfinished_score=cfg.unfinished_score,
+                    reward_timeout_s=cfg.reward_timeout_s)
 
 
 def cost_spec(cfg: PPOConfig, inputs: RunInputs, graph: Graph, role: str) -> RoleSpec:
@@ -94,7 +98,8 @@ def cost_spec(cfg: PPOConfig, inputs: RunInputs, graph: Graph, role: str) -> Rol
         return RoleSpec(model=model)
     if cfg.cost_fn:
         # unfinished_score=None: a truncated response gets its cost like any other, not a free 0
-        return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=inputs.tokenizer, unfinished_score=None)
+        return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=inputs.tokenizer, unfinished_score=None,
+                        reward_timeout_s=cfg.reward_timeout_s)
     raise ConfigError(f"{graph.name} has a cost role ({role!r}) but no cost source: set cost_fn "
                       "('package.module:function' returning a cost, e.g. "
                       "'hybridflow_ops.rewards.arithmetic:long_answer_cost') or cost_model_name")

@@ -12,7 +12,7 @@ import argparse
 
 from .interrupt import exit_code
 
-__all__ = ["add_arguments", "run", "field_table", "stopped_status"]
+__all__ = ["add_arguments", "run", "field_table", "stopped_status", "report_errors"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,3 +97,32 @@ def stopped_status(trainer, late=None, command: str = "hybridflow run",
     print(f"{command}: stopped by {name} after step {trainer.step} of {trainer.config.max_steps}{saved}"
           + (f" ({hint})" if hint else ""), file=sys.stderr, flush=True)
     return exit_code(signal.Signals[name])
+
+
+def report_errors(command: str) -> None:
+    """In a script: print hybridflow's errors as ``COMMAND: error: ...`` (exit status 1), not as a traceback.
+
+    Installs a ``sys.excepthook`` for the rest of the script: a :class:`~hybridflow.errors.HybridflowError`
+    or an ``OSError`` left uncaught prints its message on one line block; a Ctrl-C that stopped the script at
+    once prints one line (and the script exits as a Ctrl-C does); anything else keeps Python's traceback,
+    which is a bug to report.
+    """
+    import sys
+
+    from ..errors import HybridflowError
+
+    previous = sys.excepthook
+
+    def hook(kind, error, traceback) -> None:
+        if issubclass(kind, HybridflowError):
+            print(f"{command}: error: {error}", file=sys.stderr, flush=True)
+        elif issubclass(kind, OSError):
+            files = " -> ".join(str(f) for f in (error.filename, error.filename2) if f is not None)
+            print(f"{command}: error: {files + ': ' if files else ''}{error.strerror or error}", file=sys.stderr,
+                  flush=True)
+        elif issubclass(kind, KeyboardInterrupt):
+            print(f"{command}: interrupted, stopped at once", file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, traceback)
+
+    sys.excepthook = hook

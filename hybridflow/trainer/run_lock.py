@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..errors import OutputDirError
+from ..errors import OutputDirError, WriteError
 
 try:
     import fcntl
@@ -51,8 +51,12 @@ class RunLock:
             return self
         if self.output_dir.exists() and not self.output_dir.is_dir():
             raise OutputDirError(f"output_dir {str(self.output_dir)!r} is a file, not a folder; give a folder path")
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise WriteError(f"output_dir {str(self.output_dir)!r} cannot be used (it cannot be created, or its "
+                             f"lock file {LOCK_FILE} cannot be written there)", err) from None
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -62,10 +66,14 @@ class RunLock:
                 raise OutputDirError(
                     f"output_dir {str(self.output_dir)!r} is in use by another run ({holder}; lock file {self.path}). "
                     "Wait for that run to finish or stop it, or give this run another output_dir") from None
-        os.ftruncate(fd, 0)
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())}
-        os.write(fd, (json.dumps(record) + "\n").encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        except OSError as err:
+            os.close(fd)
+            raise WriteError(f"output_dir {str(self.output_dir)!r} cannot be used", err, self.path) from None
         self._fd = fd
         return self
 

@@ -14,7 +14,7 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
     from ..compiler.plan import ExecutionPlan
@@ -52,28 +52,56 @@ def quiet_libraries() -> None:
 
 
 def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
-    """Draw the algorithm graph (DOT, and SVG with Graphviz) and write the Chrome trace; returns their paths."""
+    """Draw the algorithm graph (DOT, and SVG with Graphviz) and write the Chrome trace; returns their paths.
+
+    A trace.json or timing.txt an earlier run left (the run this one resumed) is kept beside the new one as
+    ``trace.1.json`` / ``timing.1.txt`` (the first free number), not replaced. A file that cannot be written
+    is a WriteError naming it.
+    """
+    from ..errors import WriteError
     from ..runtime.spans import write_chrome_trace
     from ..viz.graph import draw_graph
 
     out = trainer.output_dir
-    drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph")
-    paths = {"graph": drawn.svg or drawn.dot}
-    if trainer.executor is not None and trainer.executor.recorder.spans:
-        # one track per worker on Ray (trace_spans), one per device locally
-        paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), out / "trace.json")
-        spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
-        table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
-        (out / "timing.txt").write_text(table + "\n")
-        paths["timing"] = out / "timing.txt"
+    try:
+        drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph")
+        paths = {"graph": drawn.svg or drawn.dot}
+        if trainer.executor is not None and trainer.executor.recorder.spans:
+            trace, timing = out / "trace.json", out / "timing.txt"
+            for path in (trace, timing):
+                _keep_earlier(path, trainer)
+            # one track per worker on Ray (trace_spans), one per device locally
+            paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), trace)
+            spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
+            table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
+            timing.write_text(table + "\n")
+            paths["timing"] = timing
+            trainer.timing_table = table
+            trainer.written_artifacts.update((trace, timing))
+    except OSError as err:
+        raise WriteError("the run's drawing, trace or timing table cannot be written (metrics.jsonl and the "
+                         "checkpoints are complete)", err) from None
     return paths
 
 
-def validation_history(output_dir: Path, validations: Mapping[int, dict[str, float]]) -> dict[int, dict[str, float]]:
-    """``step -> val/... metrics`` of the run in ``output_dir``, from its metrics.jsonl (which a resumed run keeps),
-    else from ``validations`` (the trainer's, of this process)."""
+def _keep_earlier(path: Path, trainer: "Trainer") -> None:
+    """Rename a ``path`` this trainer did not write (an earlier run's) to ``<stem>.<n><suffix>``, the first free n."""
+    import logging
+    import os
+
+    if not path.is_file() or path in trainer.written_artifacts:
+        return
+    number = 1
+    while (aside := path.with_name(f"{path.stem}.{number}{path.suffix}")).exists():
+        number += 1
+    os.replace(path, aside)
+    logging.getLogger("hybridflow.trainer").info("the earlier run's %s is kept as %s", path.name, aside.name)
+
+
+def validation_history(trainer: "Trainer") -> dict[int, dict[str, float]]:
+    """``step -> val/... metrics`` of this run, from metrics.jsonl (which a resumed run keeps) or the trainer."""
     found: dict[int, dict[str, float]] = {}
-    path = output_dir / "metrics.jsonl"
+    path = trainer.output_dir / "metrics.jsonl"
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
@@ -83,7 +111,7 @@ def validation_history(output_dir: Path, validations: Mapping[int, dict[str, flo
             vals = {k: v for k, v in row.items() if k.startswith("val/")}
             if vals:
                 found[int(row["step"])] = vals
-    for step, metrics in validations.items():
+    for step, metrics in trainer.validations.items():
         found.setdefault(step, metrics)
     return found
 
@@ -100,7 +128,7 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
         lines[0] += f" (stopped at step {trainer.step} of {cfg.max_steps}: max_time_s={cfg.max_time_s:g} reached)"
     if trainer.stop_signal:
         lines[0] += f" (stopped by {trainer.stop_signal} at step {trainer.step} of {cfg.max_steps}; resume='auto' continues)"
-    vals = validation_history(out, trainer.validations)
+    vals = validation_history(trainer)
     if vals:
         first, last = vals[min(vals)], vals[max(vals)]
         for key in sorted(first):
@@ -120,7 +148,7 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
     lines.append(f"plan:       {out / 'plan.json'}   drawing: {artifacts.get('graph')}")
     if "trace" in artifacts:
         lines.append(f"trace:      {artifacts['trace']} (open in ui.perfetto.dev or chrome://tracing)")
-    table = artifacts["timing"].read_text() if "timing" in artifacts else None
+    table = getattr(trainer, "timing_table", None)
     if table:
         step = next(line for line in table.splitlines() if line.startswith("step "))
         pred, meas, ratio = step.split()[1:4]

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ConfigError, DataError, GraphValidationError
 from ..graph import Graph
 from ..graph.analysis import samples_per_prompt
+from ..graph.validate import check_group_sizes
 from .config import GRAPH_ATTRS, ROLE_SOURCE_FIELDS, PPOConfig
 
 __all__ = ["RunInputs", "run_inputs", "actor_source", "check_devices", "check_trainable", "load_rows", "response_length",
@@ -139,11 +140,11 @@ def load_rows(config: PPOConfig) -> tuple[list[dict], list[dict]]:
     from ..data.tasks.arithmetic import make_arithmetic_rows
 
     if config.train_files:
-        train = list(load_prompt_dataset(config.train_files))
+        train = list(load_prompt_dataset(config.train_files, empty_prompts=config.empty_prompts))
     else:
         train = make_arithmetic_rows()
         log.warning("no train_files given: using the built-in arithmetic task (all 100 prompts 'a+b=' with a, b in 0..9)")
-    val = list(load_prompt_dataset(config.val_files)) if config.val_files else train
+    val = list(load_prompt_dataset(config.val_files, empty_prompts=config.empty_prompts)) if config.val_files else train
     if len(train) < config.rollout_batch_size:
         raise DataError(f"the training set has {len(train)} prompts, fewer than rollout_batch_size="
                         f"{config.rollout_batch_size}; lower rollout_batch_size or add prompts")
@@ -211,7 +212,8 @@ def check_devices(device_map: dict[str, str]) -> None:
 
 
 def check_trainable(graph: Graph) -> None:
-    """A graph trained by the Trainer must update some role: GraphValidationError otherwise.
+    """A graph trained by the Trainer must update some role, and give its group estimators groups of 2 or more
+    responses: GraphValidationError (GroupSizeError) otherwise.
 
     (A graph without an update node is valid to draw, compile or simulate; training it would
     spend every step changing no weights.)
@@ -221,3 +223,4 @@ def check_trainable(graph: Graph) -> None:
             f"graph {graph.name!r} has no update node, so training it would change no weights",
             hint="add an update node for the policy (and critic) to the algorithm, or use `hybridflow viz` / "
                  "`compile` to inspect a graph without training it")
+    check_group_sizes(graph)  # a group estimator on groups of one learns nothing

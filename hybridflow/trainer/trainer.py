@@ -17,16 +17,17 @@ from typing import Any
 import torch
 
 from ..algorithms.resolve import check_algorithm_args, import_modules, resolve_algorithm
-from ..errors import WorkerLostError
+from ..errors import WorkerLostError, WriteError
 from ..graph import Graph
 from ..runtime.contracts import set_enabled as set_contract_checks
 from ..runtime.roles import RoleSpec
 from .algorithm_state import AlgorithmState
 from .config import PPOConfig, algorithm_attrs
-from .metrics import Tracker, nan_streak, timing_metrics
+from .metrics import Tracker, nan_streak, recorded_history, timing_metrics
 from .progress import StepProgress
 from .role_specs import reward_spec, role_specs
 from .run_lock import RunLock
+from .trajectory_log import log_trajectories
 
 __all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer",
            "VAL_SEED_OFFSET"]
@@ -58,7 +59,8 @@ class Trainer:
         self.algorithm: str = self.definition.name
         check_algorithm_args(self.definition, self.config.algorithm_args)
         self.output_dir = Path(self.config.output_dir)
-        self._reward_source: Any = None
+        # a reward server named in the config is the reward source, as if set with set_reward_model
+        self._reward_source: Any = self.config.reward_server.source() if self.config.reward_server else None
         self.algorithm_state: AlgorithmState | None = None
         self._trackers = trackers
         self.executor = None
@@ -78,6 +80,8 @@ class Trainer:
         self._ahead: tuple[list[dict], Any] | None = None
         """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
         self._validation_plan = None
+        self.written_artifacts: set[Path] = set()
+        """trace.json and timing.txt as this trainer wrote them (an earlier run's are kept aside, not replaced)."""
         self._prompt_tokens: dict = {}
         """Token ids of every prompt seen (the dataset is tokenised once, not every epoch)."""
 
@@ -139,7 +143,10 @@ class Trainer:
         self.run_spec = derive(cfg, self.graph, self.machine, inputs, reward_source=self._reward_source)
         self.plan = plan_for_run(cfg, self.run_spec)
         log.info("plan (%s, %s): %s", self.plan.strategy, self.plan.machine, plan_summary(self.plan))
-        (self.output_dir / "plan.json").write_text(self.plan.to_json())
+        try:
+            (self.output_dir / "plan.json").write_text(self.plan.to_json())
+        except OSError as err:
+            raise WriteError("the run's plan cannot be written", err, self.output_dir / "plan.json") from None
         recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
         if cfg.executor == "ray":
             from ..runtime.ray import RayExecutor
@@ -161,7 +168,9 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
-        """Run up to ``max_steps`` steps; returns the metrics of the steps run (also sent to the trackers).
+        """Run up to ``max_steps`` steps; returns the metrics of the steps run (also sent to the trackers). On a run
+        that is already finished (resumed at ``max_steps``: nothing left to run) it returns the run's history as its
+        ``metrics.jsonl`` holds it.
 
         The output folder is locked for the duration (:mod:`.run_lock`: a second run on it is an
         OutputDirError). A first SIGINT/SIGTERM ends the run after the current step, with a checkpoint
@@ -174,7 +183,13 @@ class Trainer:
             remove_stale_temp(self.output_dir)
             self.stop_signal = None
             if self.executor is None:
-                self.prepare()
+                stop.at_once = True  # start-up: no step to finish, nothing to save; a Ctrl-C stops it now
+                try:
+                    self.prepare()
+                finally:
+                    stop.at_once = False
+            if self.step >= self.config.max_steps and not self.history:  # a finished run: its recorded steps
+                self.history = recorded_history(self.output_dir / "metrics.jsonl", self.step)
             try:
                 self._loop(stop)
             except Exception:
@@ -196,6 +211,7 @@ class Trainer:
                 self.step += 1
                 try:
                     metrics = self.train_step(self._next_rows())
+                    ended = self._end_of_step(metrics, deadline, stop)  # a worker may die in its checkpoint write too
                 except WorkerLostError as err:
                     if stop.requested:  # the signal reached the workers too: the step is abandoned
                         self.step, lost = self.step - 1, err
@@ -203,7 +219,7 @@ class Trainer:
                     restarts = self.recover(err, restarts)
                     del self.history[max(0, self.step - first):]
                     continue
-                if self._end_of_step(metrics, deadline, stop):
+                if ended:
                     break
             if stop.requested:
                 self._stop_on_signal(stop, lost)
@@ -270,6 +286,9 @@ class Trainer:
         self.executor.restart()
         self._ahead = None  # its generation died with the workers
         self._restore(resume_newest(self._checkpoint_scope()))
+        for tracker in self._trackers or ():  # the steps after the checkpoint are run again: log each step once
+            if hasattr(tracker, "rewind"):
+                tracker.rewind(self.step)
         return used + 1
 
     def _next_rows(self) -> list[dict]:
@@ -307,6 +326,8 @@ class Trainer:
                      if n != "prompts" and "response_mask" in b.tensors.keys())
         metrics["timing_s/step"] = elapsed
         metrics["perf/throughput"] = tokens / max(elapsed, 1e-9)
+        if self.config.trajectory_log_samples:
+            log_trajectories(self.output_dir, self.step, result.env, self.config.trajectory_log_samples)
         metrics.update(self.algorithm_state.advance(metrics))
         return metrics
 

@@ -25,6 +25,7 @@ __all__ = ["RULE_REWARDS", "default_compute_score", "arithmetic", "countdown", "
 
 RULE_REWARDS: Mapping[str, Callable[..., Any]] = MappingProxyType({
     "arithmetic": arithmetic.compute_score,
+    "agent_calc": arithmetic.compute_score,  # the final answer of a calculator-using agent (hybridflow.agents.calc_env)
     "gsm8k": gsm8k.compute_score,
     "openai/gsm8k": gsm8k.compute_score,
     "countdown": countdown.compute_score,

@@ -4,6 +4,7 @@ listing the code's names (configuration, operators, troubleshooting) cannot drif
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 import time
@@ -60,6 +61,21 @@ def test_the_tutorial_runs_as_written(tmp_path):
     ran = run_page("tutorial.md", tmp_path)
     print(f"tutorial.md: {ran} blocks ran in {time.perf_counter() - start:.0f} s")
     assert ran == sum(b.mark == "run" for b in blocks((DOCS / "tutorial.md").read_text()))
+
+
+def test_the_checkpoint_page_lists_the_fields_a_resume_may_change():
+    from hybridflow.trainer.config import RUN_CONTROL_FIELDS
+
+    text = (DOCS / "checkpoints.md").read_text()
+    start = text.index("The hash\ncovers every field but")
+    listed = set(re.findall(r"`(\w+)`", text[start:text.index("is an error.", start)]))
+    assert RUN_CONTROL_FIELDS <= listed, sorted(RUN_CONTROL_FIELDS - listed)
+    assert not (listed - RUN_CONTROL_FIELDS) - {"seed"}, sorted(listed - RUN_CONTROL_FIELDS)
+
+
+def test_the_custom_loss_of_the_custom_algorithm_page_trains_as_written(tmp_path):
+    """The loss-op contract's example (a file block, then the command that trains with it)."""
+    assert run_page("custom_algorithm.md", tmp_path) == 1
 
 
 @pytest.mark.e2e

@@ -162,3 +162,29 @@ def test_trainer_trains_with_a_remote_reward(server, tmp_path):
     trainer.set_reward_model(RemoteRewardModel(api_url=f"{server}/v1/rank", model_name="rm-test"))
     history = trainer.train()
     assert history[0]["reward/score/mean"] != 0.0 and "critic/score/mean" not in history[0] and "actor/pg_loss" in history[0]
+
+
+def test_a_run_file_names_the_reward_server(server, tmp_path):
+    """The config route: ``reward_server.url=...`` on the command line (as in a YAML run file) scores over HTTP; the
+    server saw every training response of the step, in the rerank format of its /v1/rank URL."""
+    from hybridflow.cli import main
+
+    Handler.requests.clear()
+    out = tmp_path / "run"
+    code = main(["run", f"output_dir={out}", "max_steps=1", "rollout_batch_size=4", "n_samples=2", "algorithm=grpo",
+                 "trackers=[jsonl]", "val_samples=1", "eval_freq=0", "unfinished_score=null",
+                 f"reward_server.url={server}/v1/rank", "reward_server.model_name=rm-cli"])
+    assert code == 0
+    (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"step": 1' in line]
+    assert record["reward/score/mean"] != 0.0
+    ranked = [body for path, body in Handler.requests if path == "/v1/rank"]
+    assert ranked and all(body["model"] == "rm-cli" for body in ranked)
+    assert sum(len(body["documents"]) for body in ranked) >= 8  # 4 prompts x 2 samples (plus validation's)
+
+
+def test_a_reward_server_and_a_reward_model_together_are_refused():
+    from hybridflow import PPOConfig
+    from hybridflow.errors import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match="reward_server .* and reward_model_name .* both name the reward"):
+        PPOConfig(reward_server={"url": "http://127.0.0.1:9/v1/rank"}, reward_model_name="some/rm")

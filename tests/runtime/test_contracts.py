@@ -71,6 +71,8 @@ def contract_baseline(scores, response_mask, *, mode="ok"):
         return Baseline(base / 0.0 * 0.0)
     if mode == "bare":
         return base  # a bare tensor: allowed for an op with one output
+    if mode == "in_place":
+        scores.sub_(base)  # the scores every later node reads are now centred too
     return Baseline(base)
 
 
@@ -110,6 +112,7 @@ def test_a_one_output_op_may_return_the_bare_tensor():
     ("wide", r"output 'baseline': declared baseline: float32\[B\*2\], here \[B\*2=4\] \(rank 1\), but got shape "
              r"\[4, \d\] \(rank 2\)"),
     ("nan", r"output 'baseline': declared finite but holds nan at index \[0\]"),
+    ("in_place", r"input 'scores': the op wrote into its input 'scores' \(in place\)"),
 ])
 def test_a_broken_declaration_is_named_at_the_op_that_broke_it(mode, message):
     with pytest.raises(ContractError, match=r"node 'contract_baseline' \(op 'contract_baseline'\)") as caught:

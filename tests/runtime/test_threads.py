@@ -5,6 +5,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,8 +44,33 @@ def test_busy_cores_sees_a_busy_neighbour_and_not_this_process():
                               stdout=subprocess.PIPE, text=True)
     try:
         assert burner.stdout.readline() == "spinning\n"  # measured once its loop has started, however slow its start
-        busy = threads.busy_cores(window_s=0.5)
+        busy = threads.busy_cores(window_s=0.5, reuse_s=0.0)  # a fresh window, all of it after the loop started
     finally:
         burner.kill()
         burner.wait()
+    assert 0.6 <= busy <= (os.cpu_count() or 1) + 0.01
+
+
+def test_a_recent_window_is_reused_without_waiting_and_sees_the_neighbour(monkeypatch):
+    """The window since the last call, when it is at least ``window_s`` long, is measured without a wait, and a
+    burner running through it counts (this process's own work in it is taken out, as in a fresh window); a call
+    right after that one returns its result."""
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat: busy_cores falls back to the load average")
+    burner = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
+                              stdout=subprocess.PIPE, text=True)
+    waits = []
+    try:
+        assert burner.stdout.readline() == "spinning\n"
+        threads.busy_cores(window_s=0.1, reuse_s=0.0)  # opens the next window now, with the loop running
+        start = time.process_time()
+        while time.process_time() - start < 0.3:  # this process's own work in the window
+            sum(range(1000))
+        monkeypatch.setattr(threads.time, "sleep", waits.append)
+        busy = threads.busy_cores(window_s=0.2, reuse_s=60.0)
+        again = threads.busy_cores(window_s=0.2, reuse_s=60.0)  # a moment later: that measurement still holds
+    finally:
+        burner.kill()
+        burner.wait()
+    assert waits == [] and again == busy
     assert 0.6 <= busy <= (os.cpu_count() or 1) + 0.01

@@ -15,6 +15,7 @@ Not run for real here, and why (each still gets ``--help``):
 * bench_neighbour: every measurement is a fresh Python process training GRPO (~6 s of CPU to import
   and set up) beside a busy-loop process, and the smallest comparison takes two of them and the
   loop: ~18 s of CPU, more than half of this file's budget.
+* bench_agent_calc: each seed is a learning run of examples/agent_calc (minutes).
 * bench_rollout, bench_vs_trl's TRL side (speed, replay, trl_runner, replay_trl): they need vLLM or
   TRL, which live in environments of their own; here they must say what to install.
 
@@ -41,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools"
 
 SCRIPTS = (
+    "bench_agent_calc.py", "bench_agent_rollout.py", "sandbox_faults.py",
     "bench_checkpoint.py", "bench_contracts.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
@@ -115,6 +117,19 @@ def test_runners_without_arguments_print_their_usage(path, capsys):
 
 
 # ----------------------------------------------------------------------------- in-process runs
+
+def test_sandbox_faults_prints_the_limit_of_each_case(capsys):
+    _, out = run("sandbox_faults.py", ["--cases", "fork bomb", "huge output", "well-behaved"], capsys)
+    assert re.search(r"fork bomb\s+processes", out) and re.search(r"huge output\s+output", out)
+    assert re.search(r"well-behaved\s+None", out) and "all 3 at once" in out
+
+
+def test_bench_agent_rollout_compares_the_agent_loop_with_one_turn(capsys):
+    _, out = run("bench_agent_rollout.py", ["--prompts", "2", "--turns", "2", "--tokens-per-turn", "3", "--repeats", "1"],
+                 capsys)
+    assert "single-turn  12 model tokens" in out and "agent loop   12 model tokens" in out
+    assert "agent loop / single-turn throughput" in out
+
 
 def test_bench_placement_searches_a_small_cluster(capsys):
     code, out = run("bench_placement.py", ["--model", "llama2-7b", "--gpus", "8"], capsys)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hybridflow.errors import CheckpointError
-from hybridflow.trainer.checkpoint import (STATE_FILE, _sha256, list_checkpoints, newest_checkpoint, read_checkpoint,
-                                           resolve_checkpoint, save_checkpoint)
+from hybridflow.trainer.checkpoint import (STATE_DIGEST, STATE_FILE, _sha256, list_checkpoints, newest_checkpoint, read_checkpoint,
+                                           resolve_checkpoint, save_checkpoint, state_digest)
 
 TENSORS = {"actor/model/w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
            "actor/optim/0/step": torch.tensor(3.0), "actor/model/b": torch.tensor([1.5, -2.0], dtype=torch.bfloat16)}
@@ -75,6 +75,7 @@ def test_metadata_with_foreign_objects_is_refused_before_anything_runs(tmp_path,
     meta.write_bytes(pickle.dumps(_Evil()))
     state = json.loads((path / STATE_FILE).read_text())  # keep the manifest consistent: only the unpickler stops it
     state["manifest"]["tensors/.metadata"] = {"bytes": meta.stat().st_size, "sha256": _sha256(meta)}
+    state[STATE_DIGEST] = state_digest(state)
     (path / STATE_FILE).write_text(json.dumps(state))
     with pytest.raises(CheckpointError, match="builtins.print, which is not a DCP metadata record"):
         read_checkpoint(path)

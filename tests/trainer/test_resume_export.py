@@ -34,6 +34,17 @@ def test_resume_after_step_3_reproduces_steps_4_to_6(fast_config, tmp_path):
     assert steps == [0, 1, 2, 3, 4, 5, 6]
 
 
+def test_train_on_a_finished_run_returns_its_history(fast_config, tmp_path):
+    config = fast_config(output_dir=str(tmp_path / "run"), max_steps=2, save_freq=2, eval_freq=2, batch_size=4)
+    first = PPOTrainer(config=config).train()
+    again = PPOTrainer(config=config)
+    history = again.train()  # resumed at step 2 of 2: nothing left to run
+    assert again.resumed_from.name == "step_00000002" and again.step == 2
+    assert len(history) == len(first) == 2
+    for ran, recorded in zip(first, history):
+        assert recorded.keys() == ran.keys() and recorded == pytest.approx(ran, rel=1e-12, abs=0)
+
+
 def test_safe_rlhf_resume_continues_the_lagrange_multiplier(fast_config, tmp_path):
     # lambda moves every step (cost limit 0.1, lr 0.5); after a kill in step 4 the resumed run must
     # start step 4 from the lambda of step 3's checkpoint, not from the configured initial value

@@ -24,7 +24,7 @@ from ...errors import ConfigError, PlacementError
 from ..cost import Generate, estimate
 from ..layout import Layout, valid_layouts
 from ..placement import Placement, PoolSpec, evaluate, manual_placement, place_fixed, placement_from_device_map, search
-from ..placement.search import ScoredPlacement, assign_devices, why_not
+from ..placement.search import ScoredPlacement, assign_devices, fixed_strategy_refusal
 from ..plan import ExecutionPlan, LayoutPlan, PoolPlan, RolePlacement
 from ..workload import Workload
 from .context import CompileContext
@@ -129,7 +129,7 @@ def resolve_placement(ctx: CompileContext) -> ResolvedPlacement:
     if isinstance(request, str):
         found = place_fixed(request, ctx.workload, ctx.cluster, ctx.options)
         if found is None:
-            raise PlacementError(why_not(request, ctx.workload, ctx.cluster))
+            raise PlacementError(fixed_strategy_refusal(request, ctx.workload, ctx.cluster))
         return ResolvedPlacement(found.placement, None, request)
     if isinstance(request, dict):
         return _device_map(ctx, request)

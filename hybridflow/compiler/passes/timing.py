@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from ...capabilities import WEIGHT_SYNC_BUCKET_BYTES
+from ...capabilities import AGENT_DEFAULTS, WEIGHT_SYNC_BUCKET_BYTES
 from ...errors import PlanError
 from ...graph import Node
 from ..cost import CostRecord, Compute, Generate, Infer, Offload, Onload, Score, Update, WeightSync, estimate
@@ -108,8 +108,14 @@ def _model(view: PlanView, role: str):
 def _generate(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
     p, batch = view.placements[op.role], view.ctx.batch
     used = view.own(op.role, op.pool) + view.others(op.role, op.pool)
-    work = Generate(_model(view, op.role), layout_of(p.generation_layout or p.layout), batch.prompts * node.attrs.n,
-                    batch.prompt_len, batch.response_len, used, samples=node.attrs.n)
+    a = node.attrs
+    response_len, turns, tool_s = batch.response_len, 1, 0.0
+    if a.env is not None:  # a multi-turn rollout: its token budget, turns (at most) and a tool call between turns
+        response_len = a.max_total_tokens or AGENT_DEFAULTS["max_total_tokens"]
+        turns = a.max_turns or AGENT_DEFAULTS["max_turns"]
+        tool_s = (turns - 1) * view.ctx.options.tool_call_s
+    work = Generate(_model(view, op.role), layout_of(p.generation_layout or p.layout), batch.prompts * a.n,
+                    batch.prompt_len, response_len, used, samples=a.n, turns=turns, tool_s=tool_s)
     return estimate(work, view.ctx.cluster, view.ctx.options)
 
 

@@ -37,8 +37,8 @@ from .evaluate import PlacementCost, controller_time, evaluate
 from .options import GroupOption, group_options, pareto
 from .types import Placement, Pool, RolePlacement
 
-__all__ = ["ScoredPlacement", "SearchResult", "FIXED_STRATEGIES", "allowed_sizes", "why_not", "packs", "set_partitions",
-           "assign_devices", "fixed_allocation", "place_fixed", "search", "place"]
+__all__ = ["ScoredPlacement", "SearchResult", "FIXED_STRATEGIES", "allowed_sizes", "packs", "set_partitions",
+           "assign_devices", "fixed_allocation", "fixed_strategy_refusal", "place_fixed", "search", "place"]
 
 FIXED_STRATEGIES = ("colocate", "split", "standalone")
 
@@ -150,6 +150,29 @@ def fixed_allocation(strategy: str, workload: Workload, cluster: ClusterSpec):
     raise PlacementError(f"unknown placement strategy {strategy!r}; use auto, {', '.join(FIXED_STRATEGIES)}")
 
 
+def fixed_strategy_refusal(strategy: str, workload: Workload, cluster: ClusterSpec) -> str:
+    """Why fixed ``strategy`` gives no placement of ``workload`` on ``cluster``, and what it would need."""
+    names = list(workload.role_names)
+    where = cluster.describe()
+    if strategy == "split":
+        first = [n for n in names if n in ("actor", "ref")]
+        second = [n for n in names if n not in first]
+        if not first or not second:
+            return (f"strategy 'split' puts actor and ref on one half of the devices and the other roles with a model "
+                    f"(critic, reward model, cost model) on the other; this graph's roles on devices are "
+                    f"{names}, so one half would be empty (a rule reward runs on the host, not on a device). It needs "
+                    "a role on each side; use 'colocate' or 'auto'")
+        if fixed_allocation(strategy, workload, cluster) is None:
+            return (f"strategy 'split' gives {first} one half and {second} the other half of the devices; {where} "
+                    "cannot be halved (it needs 2 or more nodes, or nodes whose half is a power of two: 2, 4, 8 ... devices); "
+                    "use 'colocate' or 'auto', or a cluster with more devices")
+    if strategy == "standalone" and fixed_allocation(strategy, workload, cluster) is None:
+        return (f"strategy 'standalone' gives each of the {len(names)} roles {names} its own devices; {where} has "
+                f"too few to give each a share; use 'colocate' or 'auto', or a cluster with more devices")
+    return (f"strategy {strategy!r} places roles {names} on {where}, but a model does not fit its share of the "
+            "devices' memory; try 'auto', more devices, or smaller models")
+
+
 class TopK:
     """The k best distinct keys seen, with the k-th value as the pruning threshold."""
 
@@ -211,22 +234,6 @@ def scored_placement(workload, cluster, options, choice, strategy, expected: flo
     if not math.isclose(cost.iteration_s, expected, rel_tol=1e-9):
         raise PlacementError(f"internal: search scored {expected} but evaluation gives {cost.iteration_s} for\n{placement.describe()}")
     return ScoredPlacement(placement, cost)
-
-
-def why_not(strategy: str, workload: Workload, cluster: ClusterSpec) -> str:
-    """Why fixed ``strategy`` gives no placement of ``workload`` on ``cluster``, with what to do instead."""
-    names = list(workload.role_names)
-    where = cluster.describe()
-    if fixed_allocation(strategy, workload, cluster) is not None:
-        return (f"strategy {strategy!r}: roles {names} run out of memory on {where}; try 'auto' (it offloads or "
-                "shards where that fits), more devices or smaller models")
-    if strategy == "split":
-        return (f"strategy 'split' puts actor and ref on one half of the devices and the other model roles (critic, "
-                f"reward or cost models) on the other, as HybridFlow §8.3 does; the model roles {names} on {where} "
-                "cannot be split so (a rule reward needs no device; halves need an even device count): use 'auto', "
-                "'colocate' or a pool spec such as 'actor@1;ref@1'")
-    return (f"strategy {strategy!r} does not apply to roles {names} on {where} (too few devices to give each its "
-            "share); use 'auto', 'colocate' or a pool spec")
 
 
 def place_fixed(strategy: str, workload: Workload, cluster: ClusterSpec, options: CostOptions | None = None) -> ScoredPlacement | None:
@@ -312,5 +319,5 @@ def place(workload: Workload, cluster: ClusterSpec, strategy: str = "auto", opti
         return search(workload, cluster, options).best
     found = place_fixed(strategy, workload, cluster, options)
     if found is None:
-        raise PlacementError(why_not(strategy, workload, cluster))
+        raise PlacementError(fixed_strategy_refusal(strategy, workload, cluster))
     return found

@@ -15,7 +15,7 @@ import importlib
 from ...errors import ConfigError
 
 #: the task modules of this package
-TASKS: tuple[str, ...] = ("arithmetic", "countdown")
+TASKS: tuple[str, ...] = ("arithmetic", "countdown", "agent_calc")
 
 __all__ = ["TASKS", "task_alphabet"]
 

@@ -52,7 +52,15 @@ class ResolvedTerm(NamedTuple):
         args = [model_outputs[f.name] for f in self.spec.model_inputs]
         args += [fields[f.name] for f in self.spec.inputs]
         result = self.spec.fn(*args, **self.attrs, **counts)
-        return LossOnly(result) if isinstance(result, torch.Tensor) else result
+        result = LossOnly(result) if isinstance(result, torch.Tensor) else result
+        loss = getattr(result, "loss", None)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = (f"a tensor of shape {list(loss.shape)} as its loss" if isinstance(loss, torch.Tensor)
+                   else f"a {type(result).__name__} without a 'loss' tensor")
+            raise OpError(f"loss op {self.spec.name!r} returned {got}; a loss op returns a scalar (0-dim) tensor: "
+                          "alone, or as 'loss', the first field of a named tuple whose other fields are scalar "
+                          "metrics. Reduce it over the batch, e.g. with hybridflow_ops.aggregate_loss")
+        return result
 
 
 class LossOnly(NamedTuple):

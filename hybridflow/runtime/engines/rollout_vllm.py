@@ -73,6 +73,7 @@ import torch
 from hybridflow.errors import ConfigError, ExecutionError
 
 from ...batch import Batch
+from .agent_loop import AgentParams, agent_rollout
 from .lora import adapter_config, adapter_names, base_state, is_lora, peft_adapter_files
 from .registry import VLLMOptions
 from .sampling import SamplingParams
@@ -263,9 +264,10 @@ class VLLMRolloutEngine:
                    pad_token_id=pad, options=options, max_len=max_len, lora=lora)
 
     # -- generation ----------------------------------------------------------------------------
-    def _request_params(self, params: SamplingParams, seed: int | None):
+    def _request_params(self, params: SamplingParams, seed: int | None, extra_stops: Sequence[int] = ()):
         vllm = _vllm()
         stops = sorted({*self.eos_token_ids, self.pad_token_id}) if params.stop_at_eos else []
+        stops = sorted({*stops, *extra_stops})
         return vllm.SamplingParams(
             n=1, temperature=0.0 if params.greedy else params.temperature, top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_new_tokens, seed=seed,
@@ -300,6 +302,36 @@ class VLLMRolloutEngine:
                                                    self.eos_token_ids)
         repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         return repeated.with_fields(**fields)
+
+    def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams) -> Batch:
+        """Multi-turn trajectories against ``agent.env`` (:mod:`.agent_loop`), ``n`` per prompt: each turn is one
+        ``LLM.generate`` call over the samples that are ready, given their token ids (never text)."""
+        params = sampling or self.sampling
+        self._flush_incomplete()
+        longest = max(len(p) for p in _unpadded(batch["prompt_ids"], batch["prompt_mask"])) + agent.max_total_tokens
+        if longest > self.max_len:
+            raise ExecutionError(f"vllm rollout: prompt + trajectory of {longest} tokens exceeds max_model_len "
+                                 f"{self.max_len}; raise rollout_engine_options.max_model_len or lower max_total_tokens")
+
+        def turns(contexts: list[list[int]], budget: int, stop_ids: tuple[int, ...]) -> list[tuple[list[int], list[float]]]:
+            turn = params.model_copy(update={"n": 1, "max_new_tokens": budget})
+            call = None
+            if params.seed is not None:
+                call = self._calls.get(params.seed, 0)
+                self._calls[params.seed] = call + 1
+            requests = [{"prompt_token_ids": list(c)} for c in contexts]
+            sampling_list = [self._request_params(turn, None if call is None else vllm_seed(params.seed, call, k), stop_ids)
+                             for k in range(len(contexts))]
+            outputs = self.llm.generate(requests, sampling_list, use_tqdm=False, lora_request=self._lora_request)
+            out = []
+            for completion in (o.outputs[0] for o in outputs):
+                tokens = list(completion.token_ids)[:budget]
+                out.append((tokens, [_token_log_prob(step, token, params.temperature)
+                                     for step, token in zip(completion.logprobs, tokens)]))
+            return out
+
+        return agent_rollout(turns, self.tokenizer, batch, params, agent, eos_token_ids=self.eos_token_ids,
+                             pad_token_id=self.pad_token_id)
 
     def _fields(self, completions: Sequence[Any], params: SamplingParams) -> dict[str, torch.Tensor]:
         """``response_ids``, ``response_mask``, ``rollout_log_probs`` of ``(len(completions), max_new_tokens)``."""

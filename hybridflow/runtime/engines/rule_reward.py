@@ -7,15 +7,21 @@ The function has the signature common in this field::
 A float (or int, bool, numpy or one-element torch scalar) is the score. A dict must
 hold the score under ``"score"``; its other keys are kept as per-sample extras
 (a sample that lacks a key gets None there). A NaN, an infinite or a
-non-numeric score, a dict without ``"score"``, or an exception inside the
-function raises :class:`~hybridflow.errors.RewardError` naming the sample
-index and its data source.
+non-numeric score, a dict without ``"score"``, an exception inside the
+function, or a call that takes longer than ``timeout_s`` raises
+:class:`~hybridflow.errors.RewardError` naming the sample index and its data source.
+
+With a ``timeout_s`` the function runs on a daemon thread of the source and the caller waits
+at most that long for each call; a call past it is abandoned (a daemon thread never keeps
+the process alive) and the next call gets a fresh thread.
 """
 from __future__ import annotations
 
 import inspect
 import math
 import numbers
+import queue
+import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
@@ -78,10 +84,15 @@ class RuleRewardSource:
         eos_token_ids: EOS ids, used with ``unfinished_score`` and when decoding.
         unfinished_score: when set, a response that did not end with EOS (cut at
             max_new_tokens) gets this score without calling ``compute_score``.
+        timeout_s: longest one ``compute_score`` call may take; None: no limit (called on the caller's thread).
     """
 
     def __init__(self, compute_score: Callable[..., Any], *, tokenizer=None, eos_token_ids: Sequence[int] = (),
-                 unfinished_score: float | None = None):
+                 unfinished_score: float | None = None, timeout_s: float | None = None):
+        if timeout_s is not None and not timeout_s > 0:
+            raise RewardError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        self.timeout_s = timeout_s
+        self._worker: _CallThread | None = None
         if not callable(compute_score):
             raise RewardError(f"compute_score must be callable, got {type(compute_score).__name__}")
         if unfinished_score is not None and not eos_token_ids:
@@ -113,10 +124,22 @@ class RuleRewardSource:
     def _call(self, index: int, data_source, response: str, ground_truth, extra_info):
         args = (data_source, response, ground_truth) + ((extra_info,) if self._with_extra_info else ())
         try:
-            return self.compute_score(*args)
+            if self.timeout_s is None:
+                return self.compute_score(*args)
+            if self._worker is None:
+                self._worker = _CallThread()
+            return self._worker.call(self.compute_score, args, self.timeout_s)
+        except TimeoutError:
+            self._worker = None  # still inside the call that hangs: abandoned
+            raise RewardError(f"compute_score did not return within reward_timeout_s={self.timeout_s:g} s on sample "
+                              f"{index} (data_source={data_source!r}); it may loop or wait for ever. Fix the function, "
+                              "or raise reward_timeout_s if it is just slow") from None
         except Exception as err:  # a user function: report which sample broke it
+            hint = ("; it uses signals (e.g. signal.alarm for its own time limit), which work only in the main "
+                    "thread: set reward_timeout_s=null to call it there (without hybridflow's time limit)"
+                    if self.timeout_s is not None and "main thread" in str(err) else "")
             raise RewardError(f"compute_score failed on sample {index} (data_source={data_source!r}): "
-                              f"{type(err).__name__}: {err}") from err
+                              f"{type(err).__name__}: {err}{hint}") from err
 
     def score(self, batch) -> RewardOutput:
         """Scores ``(b,)`` float32 of every response in ``batch``, and the dict results' extra keys."""
@@ -144,3 +167,31 @@ class RuleRewardSource:
             scores.append(_as_score(result, i, sources[i]))
         names = list(dict.fromkeys(k for e in extras for k in e))
         return RewardOutput(torch.tensor(scores, dtype=torch.float32), {k: [e.get(k) for e in extras] for k in names})
+
+
+class _CallThread:
+    """A daemon thread that runs the calls it is given one at a time; :meth:`call` waits for one with a time limit."""
+
+    def __init__(self):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="hybridflow-reward", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, args = self._calls.get()
+            try:
+                self._results.put((True, fn(*args)))
+            except BaseException as err:  # handed to the caller, which raises it
+                self._results.put((False, err))
+
+    def call(self, fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+        """``fn(*args)`` on the thread; TimeoutError when it has not returned within ``timeout_s``."""
+        self._calls.put((fn, args))
+        try:
+            ok, value = self._results.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError from None
+        if not ok:
+            raise value
+        return value

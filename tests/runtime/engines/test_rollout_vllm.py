@@ -157,3 +157,43 @@ def test_a_lora_policy_syncs_its_adapters_as_lora_requests(llama, tokenizer):
         assert gap < 1e-4
     assert not torch.equal(out["response_ids"], base["response_ids"])  # the adapters changed what vLLM generates
     assert sorted(p.name for p in engine.folder.glob("adapter-*")) == ["adapter-2"]  # the old adapter is gone
+
+
+class CountingEnv:
+    """Three steps whatever the model writes; each observation is ``+`` and the action's length (the arithmetic
+    tokenizer's characters), so every trajectory interleaves model turns and observations."""
+
+    def reset(self, prompt):
+        self.actions = []
+        return ""
+
+    def step(self, action):
+        self.actions.append(action)
+        done = len(self.actions) >= 3
+        return ("" if done else f"+{len(action)}"), float(done), done, {"tool_calls": 1, "tool_errors": 0}
+
+
+def test_an_agentic_rollout_on_vllm_is_token_in_token_out(vllm_engine, llama, tokenizer):
+    """vLLM samples each turn from the token ids of the prompt and the trajectory so far: the train engine's
+    log-probs of the final sequences are vLLM's at every model token, and observations are never trained."""
+    from hybridflow.agents import register_env
+    from hybridflow.runtime.engines.agent_loop import AgentParams
+
+    register_env("test_vllm_counting")(CountingEnv)
+    train = TrainEngine(copy.deepcopy(llama), TrainEngineConfig(lr=1e-3, precision="fp32"))
+    stream_into(vllm_engine, [(n, t) for n, t in train.named_weights()])
+    agent = AgentParams(env="test_vllm_counting", max_turns=3, max_tokens_per_turn=4, max_total_tokens=24)
+    rollout = vllm_engine.generate_agentic(prompt_batch(tokenizer), SamplingParams(n=2, seed=0, max_new_tokens=6), agent)
+    b = len(prompt_batch(tokenizer)) * 2
+    assert rollout["response_ids"].shape == (b, 24) and rollout["num_turns"].tolist() == [3] * b
+    assert rollout["tool_calls"].tolist() == [3] * b and rollout["env_reward"].tolist() == [1.0] * b
+    model_tokens = rollout["response_mask"] == 1
+    observed = (rollout["turn_index"] >= 0) & ~model_tokens
+    assert int(model_tokens.sum()) >= 3 * b and int(observed.sum()) >= 4 * b  # two "+k" observations per trajectory
+    recomputed = train.compute_log_probs(rollout)
+    assert float((recomputed - rollout["rollout_log_probs"])[model_tokens].abs().max()) < 1e-4
+    assert (rollout["rollout_log_probs"][~model_tokens] == 0).all()
+    # turns are the sampled ids, cut at a stop token or the turn budget
+    for row in range(b):
+        turns = [rollout["response_ids"][row][rollout["turn_index"][row].eq(t) & model_tokens[row]] for t in range(3)]
+        assert all(1 <= len(t) <= 4 for t in turns)

@@ -98,3 +98,35 @@ def test_decodes_response_ids_when_there_is_no_text(tokenizer):
                   {"ground_truth": ["12"], "data_source": ["arith"]})
     source = RuleRewardSource(exact, tokenizer=tokenizer, eos_token_ids=[tokenizer.eos_token_id])
     assert source.score(batch).scores.tolist() == [1.0]
+
+
+def test_a_call_past_timeout_s_is_a_reward_error_and_the_next_call_runs():
+    import threading
+
+    release = threading.Event()
+
+    def hangs_on_the_second(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "hang":
+            release.wait()  # until the test ends: the call is abandoned, its daemon thread left waiting
+        return float(solution_str == ground_truth)
+
+    source = RuleRewardSource(hangs_on_the_second, timeout_s=0.5)
+    try:
+        with pytest.raises(RewardError, match=r"did not return within reward_timeout_s=0.5 s on sample 1 "
+                                              r"\(data_source='arith'\)"):
+            source.score(scored_batch(["3", "hang"], ["3", "4"]))
+        assert source.score(scored_batch(["3", "4"], ["3", "5"])).scores.tolist() == [1.0, 0.0]  # a fresh thread
+    finally:
+        release.set()
+
+
+def test_a_reward_that_needs_the_main_thread_is_told_how_to_get_it():
+    import signal
+
+    def uses_signals(data_source, solution_str, ground_truth, extra_info=None):
+        signal.signal(signal.SIGALRM, signal.getsignal(signal.SIGALRM))
+        return 1.0
+
+    with pytest.raises(RewardError, match="set reward_timeout_s=null to call it there"):
+        RuleRewardSource(uses_signals, timeout_s=5).score(scored_batch(["3"], ["3"]))
+    assert RuleRewardSource(uses_signals).score(scored_batch(["3"], ["3"])).scores.tolist() == [1.0]

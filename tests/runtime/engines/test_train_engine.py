@@ -9,6 +9,7 @@ import torch
 from engine_testkit import prompt_batch, tiny_model
 
 from hybridflow.errors import OpError
+from hybridflow_ops.registry import register_op
 from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams, TrainEngine, TrainEngineConfig
 
 PG = [("ppo_clip", 1.0, {"clip_low": 0.2, "clip_high": 0.28})]
@@ -149,6 +150,21 @@ def test_bad_loss_terms_and_fields_are_named(tokenizer, model):
         engine.update(batch.with_fields(returns=batch["advantages"], values=batch["advantages"]), [("value_clip", 1.0, {})])
     with pytest.raises(OpError, match="'advantages'"):
         engine.update(batch.drop("advantages"), PG)
+
+
+@register_op("t_per_token_loss", model_inputs=("log_probs: float32[B, R]",),
+             inputs=("advantages: float32[B, R]", "response_mask: float32[B, R]"), outputs=("loss: float32",),
+             kind="loss", replace=True)
+def t_per_token_loss(log_probs, advantages, response_mask, *, global_tokens=None, global_seqs=None):
+    """A custom loss that forgot to reduce: ``(b, r)`` where a scalar is due."""
+    return -advantages * log_probs * response_mask
+
+
+def test_a_loss_op_returning_a_non_scalar_is_named(tokenizer, model):
+    engine = TrainEngine(model)
+    with pytest.raises(OpError, match=r"loss op 't_per_token_loss' returned a tensor of shape \[8, 8\] as its loss; "
+                                      r"a loss op returns a scalar"):
+        engine.update(rollout(tokenizer, model), [("t_per_token_loss", 1.0, {})])
 
 
 @pytest.mark.parametrize("mini_batch_size", [None, 4])

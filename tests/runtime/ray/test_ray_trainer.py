@@ -7,11 +7,14 @@ and a Ray run resumed from a checkpoint must continue as the uninterrupted run d
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hybridflow import PPOConfig
 from hybridflow.data import create_tiny_model_dir
 from hybridflow.trainer import PPOTrainer
+from hybridflow.trainer.metrics import JsonlTracker
 
 
 def _learned(metrics: dict) -> dict:
@@ -54,14 +57,17 @@ def test_ray_trainer_matches_local_and_resumes(ray_cluster, tmp_path):
 
 
 class MarkAfter:
-    """A tracker that creates ``marker`` once step ``step`` is logged: the next reward call kills its worker."""
+    """A tracker that creates ``marker`` once step ``step`` is logged: the next reward call kills its worker.
+
+    Once only: a restart that runs step ``step`` again does not kill again."""
 
     def __init__(self, marker, step: int):
-        self.marker, self.step = marker, step
+        self.marker, self.step, self.done = marker, step, False
 
     def log(self, metrics, step):
-        if step == self.step:
+        if step == self.step and not self.done:
             self.marker.write_text("kill")
+            self.done = True
 
     def close(self):
         pass
@@ -77,9 +83,12 @@ def test_max_restarts_recreates_workers_and_matches_an_uninterrupted_run(ray_clu
     reference = PPOTrainer(config=_config(model_dir, tmp_path / "local", max_steps=4, save_freq=2, unfinished_score=None))
     reference.set_reward_model(kill_when_marked(str(tmp_path / "never")))
     expected = reference.train()
-    # Step 2 is checkpointed; the reward worker dies in step 3; one restart resumes from step 2.
+    # Step 2 is checkpointed; step 3 is logged, then the reward worker dies in step 4; one restart resumes from
+    # step 2 and runs steps 3 and 4 again, and metrics.jsonl still holds each step once.
+    metrics = tmp_path / "ray" / "metrics.jsonl"
     trainer = PPOTrainer(config=_config(model_dir, tmp_path / "ray", executor="ray", max_steps=4, save_freq=2,
-                                        unfinished_score=None, max_restarts=1), trackers=[MarkAfter(marker, 2)])
+                                        unfinished_score=None, max_restarts=1),
+                         trackers=[JsonlTracker(metrics), MarkAfter(marker, 3)])
     trainer.set_reward_model(kill_when_marked(str(marker)))
     try:
         got = trainer.train()
@@ -87,6 +96,7 @@ def test_max_restarts_recreates_workers_and_matches_an_uninterrupted_run(ray_clu
         trainer.executor.shutdown()
     assert not marker.exists() and trainer.resumed_from.name == "step_00000002"  # the kill happened, then the resume
     assert len(got) == len(expected) == 4
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3, 4]
     for step, (want, have) in enumerate(zip(expected, got), start=1):
         want, have = _learned(want), _learned(have)
         for key in want:
