@@ -200,7 +200,7 @@ def _trainer(args, out: str, skip_rows: bool):
                        max_steps=10**6, eval_freq=0, trackers=(), progress_bar=False, resume="never",
                        check_contracts=not args.no_contracts, calibrate=False)
     trainer = Bench(config=config)
-    trainer._prepare()
+    trainer.prepare()
     return trainer
 
 

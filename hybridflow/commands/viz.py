@@ -107,7 +107,7 @@ def _draw_plan_doc(doc: object, out: Path, args: argparse.Namespace | None = Non
     plan = read_plan(json.dumps(doc))  # the graph validated, then the plan verified: drawing needs a sound plan
     trace = _read_trace(getattr(args, "trace", None))
     placement = draw_plan(plan, out)
-    title = f"{plan.graph.get('name', '?')} on {plan.cluster}: predicted schedule" + (" and a measured run" if trace else "")
+    title = f"{plan.graph.name} on {plan.cluster}: predicted schedule" + (" and a measured run" if trace else "")
     gantt = draw_gantt(out.with_name(out.name + ".gantt.svg"), plan, trace, iteration=getattr(args, "iteration", None), title=title)
     chrome = write_plan_trace(plan, out.with_name(out.name + ".trace.json"))
     paths = tuple(p for p in (placement.dot, placement.svg, gantt, chrome) if p)

@@ -162,7 +162,8 @@ def _stale_candidates(ctx: CompileContext, strategy: str) -> tuple[list[tuple[st
     return found, last, spent
 
 
-def _as_graph(graph: Any) -> Graph:
+def as_graph(graph: Any) -> Graph:
+    """``graph`` as a Graph: a Graph as it is, an algorithm built (``.build()``); PlanError otherwise."""
     if isinstance(graph, Graph):
         return graph
     if hasattr(graph, "build"):
@@ -176,7 +177,7 @@ def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str
                    engines: tuple[str, ...] = (DEFAULT_ENGINE,)) -> CompileReport:
     """Compile and say how: the plan, the search, the candidates tried (see :func:`compile`)."""
     start = time.perf_counter()
-    graph = _as_graph(graph)
+    graph = as_graph(graph)
     cluster = ClusterSpec.parse(cluster) if isinstance(cluster, str) else cluster
     if isinstance(models, (str, ModelSpec)):
         from .passes.lower import actor_role

@@ -318,8 +318,8 @@ def _forward_parts(model: ModelSpec, layout: Layout, tokens_per_micro: float, mi
     return tp, pp
 
 
-def _shared_prompt(micro: int, seq_len: int, prompt_len: int, samples: int, hidden: int,
-                   o: CostOptions) -> tuple[float, int]:
+def shared_prompt_cost(micro: int, seq_len: int, prompt_len: int, samples: int, hidden: int,
+                       o: CostOptions) -> tuple[float, int]:
     """(fraction of a micro-batch's ``micro·seq_len`` tokens the backbone runs, backbone calls) under prompt sharing.
 
     ``(1.0, 1)`` where the engine runs every row's prompt: sharing off, no repeated
@@ -348,7 +348,7 @@ def infer_cost(w: Infer, c: ClusterSpec, o: CostOptions) -> CostRecord:
     micro = min(o.infer_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
     seq_len = priced_seq_len(w, o)
-    share, calls = _shared_prompt(micro, seq_len, w.prompt_len, w.samples, m.hidden, o)
+    share, calls = shared_prompt_cost(micro, seq_len, w.prompt_len, w.samples, m.hidden, o)
     compute = 2 * m.flop_params * seqs * seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_infer)
     bubble = compute * (l.pp - 1) / micro_batches
     tp, pp = _forward_parts(m, l, micro * seq_len * share, micro_batches, 2, 1, c)
@@ -381,7 +381,7 @@ def update_cost(w: Update, c: ClusterSpec, o: CostOptions) -> CostRecord:
     micro = min(o.train_micro_batch, seqs)
     micro_batches = math.ceil(seqs / micro)
     seq_len = priced_seq_len(w, o)
-    share, calls = _shared_prompt(micro, seq_len, w.prompt_len, w.samples, m.hidden, o)
+    share, calls = shared_prompt_cost(micro, seq_len, w.prompt_len, w.samples, m.hidden, o)
     flops_per_token = _train_flops_per_token(m, o.activation_checkpointing)
     compute = flops_per_token * seqs * seq_len * share / (l.model_parallel * c.peak_flops * c.mfu_train)
     bubble = compute * (l.pp - 1) / micro_batches

@@ -280,11 +280,11 @@ def compile_report_for(graph, models, *, machine: Machine | None = None, cluster
     the actor's model. Only layouts the runtime runs are considered (:func:`executable_options`). The report's
     plan is bound, unless ``bound`` is False (a plan for a cluster preset: the run that executes it binds it).
     """
-    from .compile import _as_graph, compile_report
+    from .compile import as_graph, compile_report
     from .passes.lower import actor_role
 
     machine = machine or local_machine()
-    graph = _as_graph(graph)
+    graph = as_graph(graph)
     if not isinstance(models, dict):
         models = {actor_role(graph): models}
     models = {**{r.name: "rule" for r in graph.roles if r.kind in ("reward", "cost")}, **models}

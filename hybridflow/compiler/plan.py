@@ -13,19 +13,22 @@ A plan says, for one training iteration of one graph:
 * ``staleness`` — 0: on-policy; k > 0: generation of iteration i+k may overlap
   this iteration's training (ops with ``iteration_offset`` > 0).
 
-The graph travels inside the plan (its JSON form), so a plan file alone is
-enough to run, draw or inspect. Plans are frozen pydantic models with a
+The graph travels inside the plan, so a plan file alone is enough to run, draw
+or inspect: ``plan.graph`` is the :class:`~hybridflow.graph.Graph` record, parsed
+once when a plan is read and written in its JSON form only when the plan is. Plans are frozen pydantic models with a
 version; :func:`verify_plan` checks their invariants and is run after every
 compiler pass in tests and debug mode.
 """
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, WithJsonSchema
 
-from ..errors import PlanError
+from ..errors import GraphError, PlanError
+from ..graph import Graph
+from ..graph.serialize import graph_from_dict, graph_to_dict
 from .engine import DEFAULT_ENGINE, TrainEngine
 
 __all__ = ["PLAN_VERSION", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "read_plan", "verify_plan"]
@@ -33,6 +36,24 @@ __all__ = ["PLAN_VERSION", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", 
 PLAN_VERSION = 1
 OP_KINDS = ("node", "weight_sync", "offload", "onload")
 OFFLOAD_ITEMS = ("params", "optimizer", "grads", "kv_cache")
+
+
+def _graph_record(value: Any) -> Graph:
+    """A plan's graph: a Graph record as it is, its JSON form (a dict, from a plan file) parsed.
+
+    A malformed form is a ValueError, which pydantic reports as the plan's: ``from_json`` makes it a PlanError.
+    """
+    if isinstance(value, Graph):
+        return value
+    try:
+        return graph_from_dict(value)
+    except GraphError as err:
+        raise ValueError(str(err)) from None
+
+
+PlanGraph = Annotated[Graph, PlainValidator(_graph_record), PlainSerializer(graph_to_dict, return_type=dict),
+                      WithJsonSchema({"type": "object", "description": "hybridflow.graph JSON form"})]
+"""A Graph record in a plan; its JSON form (:func:`hybridflow.graph.serialize.graph_to_dict`) in the plan's."""
 
 
 class _Frozen(BaseModel):
@@ -102,7 +123,7 @@ class ExecutionPlan(_Frozen):
     """The compiled plan of one graph on one cluster; see the module docstring."""
 
     version: int = Field(PLAN_VERSION, description="Plan format version.")
-    graph: dict = Field(description="The graph, in its JSON form (hybridflow.graph.Graph.to_json).")
+    graph: PlanGraph = Field(description="The graph the plan runs (a hybridflow.graph.Graph; its JSON form in the plan's).")
     cluster: str = Field(description="Cluster description, e.g. 'cpu-local' or 'a100-80g:2'.")
     strategy: str = Field("manual", description="How the placement was chosen: manual, colocate, split, standalone, auto.")
     pools: tuple[PoolPlan, ...] = Field(description="Device pools.")
@@ -114,12 +135,6 @@ class ExecutionPlan(_Frozen):
     nodes: tuple[str, ...] = Field((), description="Bound to a Ray cluster: the id of the Ray node that plan node nK runs on, for each K (empty: Ray chooses).")
 
     # -- access ---------------------------------------------------------------
-    def graph_ir(self):
-        """The graph as a :class:`hybridflow.graph.Graph` record."""
-        from ..graph.serialize import graph_from_json
-
-        return graph_from_json(json.dumps(self.graph))
-
     def placement(self, role: str) -> RolePlacement:
         for placement in self.placements:
             if placement.role == role:
@@ -170,7 +185,7 @@ class ExecutionPlan(_Frozen):
 
     def to_text(self) -> str:
         """A readable dump: pools, placements, then the schedule one op per line (sizes in GiB, times in s)."""
-        lines = [f"plan v{self.version}  graph={self.graph.get('name', '?')}  cluster={self.cluster}  "
+        lines = [f"plan v{self.version}  graph={self.graph.name}  cluster={self.cluster}  "
                  f"strategy={self.strategy}  staleness={self.staleness}"]
         if self.predicted_iteration_s is not None:
             lines[0] += f"  predicted_iteration={self.predicted_iteration_s:.4g}s"
@@ -233,7 +248,7 @@ def read_plan(text: str) -> ExecutionPlan:
     from ..graph.validate import validate
 
     plan = ExecutionPlan.from_json(text)
-    validate(plan.graph_ir())
+    validate(plan.graph)
     verify_plan(plan)
     return plan
 
@@ -254,7 +269,7 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
     def fail(message: str) -> None:
         raise PlanError(message + where)
 
-    graph = plan.graph_ir()
+    graph = plan.graph
     pools = {p.name: p for p in plan.pools}
     if len(pools) != len(plan.pools):
         fail("two pools share a name")

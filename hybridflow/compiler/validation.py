@@ -25,7 +25,6 @@ import warnings
 from ..errors import PlanError
 from ..graph import Graph
 from ..graph.errors import UnusedValueWarning
-from ..graph.serialize import graph_to_dict
 from .plan import ExecutionPlan, PlanOp, verify_plan
 
 __all__ = ["validation_graph", "validation_plan"]
@@ -61,7 +60,7 @@ def validation_graph(policy: str = "actor", reward: str = "reward", *, samples: 
 
 def validation_plan(plan: ExecutionPlan, *, samples: int = 4, seed: int | None = None) -> ExecutionPlan:
     """The validation graph of ``plan``'s policy and reward, placed and ordered on ``plan``'s pools (module docstring)."""
-    train = plan.graph_ir()
+    train = plan.graph
     policies = [r.name for r in train.roles if r.kind == "policy"]
     rewards = [r.name for r in train.roles if r.kind == "reward"]
     if not policies or not rewards:
@@ -94,7 +93,7 @@ def validation_plan(plan: ExecutionPlan, *, samples: int = 4, seed: int | None =
     used = {policy, reward}
     pools = {op.pool for op in ops} | {op.target_pool for op in ops if op.target_pool} | {gen.pool}
     val = plan.model_copy(update={
-        "graph": graph_to_dict(graph), "strategy": plan.strategy, "staleness": 0, "predicted_iteration_s": None,
+        "graph": graph, "strategy": plan.strategy, "staleness": 0, "predicted_iteration_s": None,
         "pools": tuple(p for p in plan.pools if p.name in pools),
         "placements": tuple(p for p in plan.placements if p.role in used), "ops": tuple(ops)})
     verify_plan(val, after="validation_plan")

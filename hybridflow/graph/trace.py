@@ -87,14 +87,14 @@ class Tracer:
             if not isinstance(value, Value):
                 raise TraceError(f"{op}: expected traced values (what role calls and hybridflow.compute return), got {value!r}; "
                                  "pass attributes by keyword")
-            if value._tracer is not self:
+            if value.tracer is not self:
                 raise TraceError(f"{op}: {value!r} comes from another build of an algorithm; values cannot be shared between graphs")
         return values
 
     def _resolve(self, node: str, op: str, sig: Signature, values: tuple[Value, ...]) -> tuple[tuple[Input, ...], dict[str, FieldSpec]]:
         inputs, given = [], {}
         for want in sig.inputs:
-            found = {(e.source, e.field): e.spec for v in values for e in v._entries if e.spec.name == want.name}
+            found = {(e.source, e.field): e.spec for v in values for e in v.entries if e.spec.name == want.name}
             if not found:
                 raise MissingFieldError(
                     f"op {op!r} needs field {want.name!r} ({want}), but none of the given values has it; given: {_describe(values)}",

@@ -44,6 +44,16 @@ class Value:
         Schema(tuple(e.spec for e in entries))  # distinct names
 
     @property
+    def tracer(self) -> "Tracer":
+        """The tracer (one build of an algorithm) that made this value."""
+        return self._tracer
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """Each field with the producer (node or graph input) and producer field it is read from."""
+        return self._entries
+
+    @property
     def fields(self) -> Schema:
         """The fields this value exposes."""
         return Schema(tuple(e.spec for e in self._entries))

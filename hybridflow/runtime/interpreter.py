@@ -27,10 +27,16 @@ the :class:`~.resampling.ResampleRun` of the stream: ops after the region wait f
 when its filter has run its body's ops are sent again until the batch is full.
 
 A backend (a subclass) says only how a call reaches a slot and how its result
-comes back: :meth:`PlanExecutor._send` (``slot.method(*args)``: at once on the
-LocalExecutor's in-process slots, a Ray object ref on the RayExecutor's
-actors), :meth:`_wait` and :meth:`_fetch`. Weight syncs, offloads and onloads
-run where the plan puts them; nothing is re-decided here.
+comes back, through the **transport**, the public interface every executor
+implements and anything driving slots uses (the op submitters here,
+:mod:`.overlap`, :mod:`.shard_calls`): :meth:`PlanExecutor.send`
+(``slot.method(*args)``: at once on the LocalExecutor's in-process slots, a Ray
+object ref on the RayExecutor's actors) returns a handle; :meth:`~PlanExecutor.ready`
+says which handles are done, :meth:`~PlanExecutor.wait` blocks until one is,
+:meth:`~PlanExecutor.fetch` returns a done handle's value (a slot's failure as a
+project error), and :meth:`~PlanExecutor.check_running` refuses when the workers
+are gone. Weight syncs, offloads and onloads run where the plan puts them;
+nothing is re-decided here.
 """
 from __future__ import annotations
 
@@ -114,7 +120,7 @@ def _node(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
     slots = ex.topology.pool_slots(op.pool)
     balance = balances_tokens(ex.specs.get(call.role))
     split = split_for_ranks(call.method, call.batch, len(slots), balance_tokens=balance)
-    refs = [ex._send(slot, "run", call.method, call.role, part, call.args) for slot, part in zip(slots, split.parts)]
+    refs = [ex.send(slot, "run", call.method, call.role, part, call.args) for slot, part in zip(slots, split.parts)]
 
     def finish(results: Sequence[Any]) -> None:
         state.env[node.name] = node_output(node, merge_results(call.method, split, results), state.metrics)
@@ -133,19 +139,19 @@ def _weight_sync(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFli
     if op.target_pool and op.target_pool != op.pool:
         senders, receivers = ex.topology.pool_slots(op.pool), ex.topology.pool_slots(op.target_pool)
         group, src = sync_group(op.role, op.pool, op.target_pool), senders[0].global_rank
-        refs = [ex._send(s, "send_weights", op.role, group, src) for s in senders]
-        refs += [ex._send(s, "receive_weights", op.role, group, src) for s in receivers]
+        refs = [ex.send(s, "send_weights", op.role, group, src) for s in senders]
+        refs += [ex.send(s, "receive_weights", op.role, group, src) for s in receivers]
         slots = senders + receivers
     else:
         slots = ex.topology.pool_slots(op.pool)
-        refs = [ex._send(s, "sync_weights", op.role) for s in slots]
+        refs = [ex.send(s, "sync_weights", op.role) for s in slots]
     return InFlight(op, slots, refs, lambda results: _sync_metrics(state, op.role, results), "weight_sync")
 
 
 def _move(kind: str):
     def submit(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
         slots = ex.topology.pool_slots(op.pool)
-        refs = [ex._send(s, kind, op.role, op.items) for s in slots]
+        refs = [ex.send(s, kind, op.role, op.items) for s in slots]
         return InFlight(op, slots, refs, lambda results: None, kind)
 
     return submit
@@ -165,10 +171,10 @@ class PlanExecutor(ABC):
 
     def __init__(self, plan: ExecutionPlan, specs: Mapping[str, RoleSpec], *, recorder: SpanRecorder | None = None):
         if plan.machine is None:
-            raise PlanError(f"plan of graph {plan.graph.get('name', '?')!r} (compiled for {plan.cluster}) is not bound to "
+            raise PlanError(f"plan of graph {plan.graph.name!r} (compiled for {plan.cluster}) is not bound to "
                             "a machine; bind it first: hybridflow.compiler.bind(plan, hybridflow.compiler.local_machine())")
         self.plan = plan
-        self.plan_graph = plan.graph_ir()
+        self.plan_graph = plan.graph
         self.graph = self.plan_graph
         """The graph the current (or last) call runs: the plan's, with that call's ``params``."""
         missing = [r.name for r in self.graph.roles if r.name not in specs]
@@ -187,29 +193,31 @@ class PlanExecutor(ABC):
         self.iteration = 0
         self.events = 0
         """How many sends and completions this executor has issued (each one's number goes to its op's span)."""
-        self._ahead: Stream | None = None
+        self.ahead: Stream | None = None
+        """Staleness 1: the next iteration's generation, left in flight by the last call (:mod:`.overlap`)."""
 
-    # -- the transport (subclasses) ------------------------------------------------------------
+    # -- the transport (every backend implements it; module docstring) ---------------------------
     @abstractmethod
-    def _send(self, slot: Slot, method: str, *args) -> Any:
-        """Start ``slot.method(*args)``; returns a handle for :meth:`_wait` / :meth:`_fetch`."""
+    def send(self, slot: Slot, method: str, *args) -> Any:
+        """Start ``slot.method(*args)``; returns a handle for :meth:`ready`, :meth:`wait` and :meth:`fetch`."""
 
     @abstractmethod
-    def _wait(self, refs: list, timeout: float) -> None:
+    def wait(self, refs: list, timeout: float) -> None:
         """Block until one of ``refs`` is ready or ``timeout`` seconds passed."""
 
     @abstractmethod
-    def _ready(self, refs: list) -> list[bool]:
+    def ready(self, refs: list) -> list[bool]:
         """Which of ``refs`` are ready, without blocking."""
 
     @abstractmethod
-    def _fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
+    def fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
         """The (value, (start, end)) of a ready ref; a slot's failure as a project error naming ``what``."""
 
-    def _check_running(self) -> None:
+    def check_running(self) -> None:
         """Raise when the workers are gone (RayExecutor after shutdown)."""
 
     poll_s = 1.0
+    """How long one :meth:`wait` of the run loop blocks at most, seconds."""
 
     # -- one iteration -----------------------------------------------------------------------
     def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None,
@@ -234,7 +242,7 @@ class PlanExecutor(ABC):
         if self.plan.staleness == 0:
             stream = Stream(list(self.plan.ops), IterationState(env=dict(inputs)), self.iteration)
             stream.resample = ResampleRun.start(self.graph, self.plan.ops, inputs, refill)
-            self._drive([stream], stream)
+            self.drive([stream], stream)
             self.iteration += 1
             result = IterationResult(env=stream.state.env, metrics=stream.state.metrics)
         else:
@@ -259,16 +267,16 @@ class PlanExecutor(ABC):
         mine = {p.name: p.devices for p in self.plan.pools}
         foreign = [p.name for p in plan.pools if mine.get(p.name) != p.devices]
         if foreign:
-            raise PlanError(f"plan {plan.graph.get('name', '?')!r} uses pools {foreign} that this executor does not run "
+            raise PlanError(f"plan {plan.graph.name!r} uses pools {foreign} that this executor does not run "
                             f"(its pools: {', '.join(mine)}); derive it from the executor's plan")
         saved_graph, saved_recorder = self.graph, self.recorder
-        self.graph = plan.graph_ir()
+        self.graph = plan.graph
         self.recorder = SpanRecorder()
         self.recorder.origin = saved_recorder.origin
         try:
             self._check_inputs(inputs)
             stream = Stream(list(plan.ops), IterationState(env=dict(inputs)), self.iteration)
-            self._drive([stream], stream)
+            self.drive([stream], stream)
         finally:
             self.side_spans.extend(self.recorder.spans)
             self.graph, self.recorder = saved_graph, saved_recorder
@@ -278,13 +286,13 @@ class PlanExecutor(ABC):
         expected = {i.name for i in self.graph.inputs}
         if set(inputs) != expected:
             raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
-        self._check_running()
+        self.check_running()
 
     def _next_event(self) -> int:
         self.events += 1
         return self.events
 
-    def _drive(self, streams: list[Stream], target: Stream, *, settle: Sequence[Stream] = ()) -> None:
+    def drive(self, streams: list[Stream], target: Stream, *, settle: Sequence[Stream] = ()) -> None:
         """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight).
 
         Streams in ``settle`` are driven until none of their control ops (weight sync, offload, onload) is in
@@ -304,7 +312,7 @@ class PlanExecutor(ABC):
                                          "the plan's deps are broken")
                 break
             refs = [ref for _, f in flights for i, ref in enumerate(f.refs) if i not in f.results]
-            self._wait(refs, self.poll_s)
+            self.wait(refs, self.poll_s)
             for stream, flight in flights:
                 if self._collect(flight):
                     del stream.inflight[flight.op.name]
@@ -373,9 +381,9 @@ class PlanExecutor(ABC):
     def _collect(self, flight: InFlight) -> bool:
         """Fetch the slots' results that are ready; True when all are in. A failed slot raises at once."""
         waiting = [i for i in range(len(flight.refs)) if i not in flight.results]
-        for i, ready in zip(waiting, self._ready([flight.refs[i] for i in waiting])):
+        for i, ready in zip(waiting, self.ready([flight.refs[i] for i in waiting])):
             if ready:
-                flight.results[i], flight.times[i] = self._fetch(flight.refs[i], flight.slots[i], f"op {flight.op.name!r}")
+                flight.results[i], flight.times[i] = self.fetch(flight.refs[i], flight.slots[i], f"op {flight.op.name!r}")
         return len(flight.results) == len(flight.refs)
 
     # -- spans ---------------------------------------------------------------------------------------

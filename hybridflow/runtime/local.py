@@ -66,19 +66,19 @@ class LocalExecutor(PlanExecutor):
                              "from its newest checkpoint")
 
     # -- the transport: calls run at once --------------------------------------------------------
-    def _send(self, slot: Slot, method: str, *args) -> _Done:
+    def send(self, slot: Slot, method: str, *args) -> _Done:
         try:
             return _Done(getattr(self.slots[slot.name], method)(*args))
-        except Exception as err:  # raised by _fetch, where the op is named
+        except Exception as err:  # raised by fetch, where the op is named
             return _Done(error=err)
 
-    def _wait(self, refs: list, timeout: float) -> None:
+    def wait(self, refs: list, timeout: float) -> None:
         pass
 
-    def _ready(self, refs: list) -> list[bool]:
+    def ready(self, refs: list) -> list[bool]:
         return [True] * len(refs)
 
-    def _fetch(self, ref: _Done, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
+    def fetch(self, ref: _Done, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
         if ref.error is None:
             return ref.value
         if isinstance(ref.error, HybridflowError):

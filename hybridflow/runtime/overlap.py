@@ -49,12 +49,12 @@ def run_overlapped(ex: "PlanExecutor", inputs: Mapping[str, Batch], next_inputs:
         raise ExecutionError(f"plan staleness {ex.plan.staleness}: the executor overlaps one step (staleness 1); "
                              "compile with staleness=1")
     current_ops = [op for op in ex.plan.ops if op.iteration_offset == 0]
-    carried, ex._ahead = ex._ahead, None
+    carried, ex.ahead = ex.ahead, None
     if carried is not None and not _same_inputs(carried.inputs, inputs):
         raise ExecutionError("run_iteration: these inputs are not the next_inputs given to the previous call, whose "
                              "generation is in flight; pass each step's inputs as next_inputs of the step before")
     generation = carried or Stream(list(ahead_ops), IterationState(env=dict(inputs)), ex.iteration, inputs=inputs)
-    ex._drive([generation], generation)
+    ex.drive([generation], generation)
     rollout = {name: batch for name, batch in generation.state.env.items() if name not in inputs}
     step = Stream(list(current_ops), IterationState(env={**inputs, **rollout}, metrics=dict(generation.state.metrics)),
                   ex.iteration)
@@ -66,7 +66,7 @@ def run_overlapped(ex: "PlanExecutor", inputs: Mapping[str, Batch], next_inputs:
         # step's rollout is in, so the generation pool is free to receive at once (no collective waits on it).
         following = Stream(list(ahead_ops), IterationState(env=dict(next_inputs)), ex.iteration + 1, inputs=next_inputs)
         streams.insert(0, following)
-    ex._drive(streams, step, settle=[following] if following else [])
-    ex._ahead = following
+    ex.drive(streams, step, settle=[following] if following else [])
+    ex.ahead = following
     ex.iteration += 1
     return IterationResult(env=step.state.env, metrics=step.state.metrics)

@@ -1,6 +1,6 @@
 """Checkpoint calls outside the plan: every slot holding a trained role's engine saves or loads its own shard.
 
-Written against the executors' transport (``_send`` / ``_ready`` / ``_wait`` / ``_fetch`` of
+Written against the executors' transport (``send`` / ``ready`` / ``wait`` / ``fetch`` of
 :class:`~.interpreter.PlanExecutor`), so the LocalExecutor (calls run at once, no process group)
 and the RayExecutor (one Ray call per slot, all in flight together: DCP's collectives need every
 rank of the pool) run the same code. What travels back to the controller is JSON (param groups,
@@ -35,15 +35,15 @@ def train_slots(executor: "PlanExecutor", roles: Sequence[str]) -> dict[str, tup
 
 def _call_all(executor: "PlanExecutor", calls: Mapping[str, tuple[Slot, str, tuple]], what: str) -> dict[str, Any]:
     """Start every call at once, wait for all, and return slot name -> result (a slot's failure as a project error)."""
-    executor._check_running()
-    refs = {name: executor._send(slot, method, *args) for name, (slot, method, args) in calls.items()}
+    executor.check_running()
+    refs = {name: executor.send(slot, method, *args) for name, (slot, method, args) in calls.items()}
     pending = list(refs.values())
     while pending:
-        ready = executor._ready(pending)
+        ready = executor.ready(pending)
         pending = [ref for ref, done in zip(pending, ready) if not done]
         if pending:
-            executor._wait(pending, executor.poll_s)
-    return {name: executor._fetch(refs[name], calls[name][0], what) for name in calls}
+            executor.wait(pending, executor.poll_s)
+    return {name: executor.fetch(refs[name], calls[name][0], what) for name in calls}
 
 
 def save_train_states(executor: "PlanExecutor", roles: Sequence[str], folder: str | Path) -> tuple[dict[str, Any], dict[str, dict]]:

@@ -157,7 +157,7 @@ class SlotWorker:
     def send_weights(self, role: str, group: str, src: int) -> tuple[SyncStats, tuple[float, float]]:
         """Train pool side of a cross-pool sync (every train rank gathers; pool rank 0 broadcasts)."""
         start = time.time()
-        train = self.worker._engines(role, "train").train
+        train = self.worker.engines_for(role, "train").train
         if self.mailbox is not None:  # local: hand the tensors to the receiving slot of this process
             named = [(name, tensor.detach()) for name, tensor in train.named_weights()]
             self.mailbox[group] = named
@@ -172,7 +172,7 @@ class SlotWorker:
     def receive_weights(self, role: str, group: str, src: int) -> tuple[SyncStats, tuple[float, float]]:
         """Generation pool side of a cross-pool sync."""
         start = time.time()
-        rollout = self.worker._engines(role, "rollout").rollout
+        rollout = self.worker.engines_for(role, "rollout").rollout
         if self.mailbox is not None:
             if group not in self.mailbox:
                 raise ExecutionError(f"slot {self.slot.describe()}: weight sync {group!r} received before it was sent")
@@ -249,8 +249,7 @@ class SlotWorker:
                 for role, e in self.worker.engines.items()}
 
     def set_engines(self, role: str, engines) -> None:
-        self.worker.engines[role] = engines
-        self.worker._offloaded.setdefault(role, set())
+        self.worker.install(role, engines)
 
     def _part(self, role: str, part: str):
         engines = self.worker.engines.get(role)

@@ -77,7 +77,7 @@ def save_train_state(engine, folder: str | Path, *, role: str, group=None) -> di
     tensors = {k: v.detach() for k, v in _flat(model, optim["state"], role).items()}
     save_dcp(tensors, folder, f"{folder}: writing the state of role {role!r} failed", **_dcp_kwargs(group))
     return {"param_groups": optim["param_groups"], "scheduler": engine.scheduler.state_dict(),
-            "shuffle_rng": state_to_text(engine._shuffle.get_state())}
+            "shuffle_rng": state_to_text(engine.shuffle_generator.get_state())}
 
 
 def load_train_state(engine, folder: str | Path, saved: Mapping[str, Any], *, role: str, group=None) -> None:
@@ -116,4 +116,4 @@ def load_train_state(engine, folder: str | Path, saved: Mapping[str, Any], *, ro
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"role {role!r}: the checkpoint does not fit this model ({err}); "
                               "was it written by a run with another model?") from None
-    engine._shuffle.set_state(state_from_text(saved["shuffle_rng"]))
+    engine.shuffle_generator.set_state(state_from_text(saved["shuffle_rng"]))

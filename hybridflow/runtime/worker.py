@@ -34,11 +34,18 @@ class RoleWorker:
     def from_engines(cls, device: str, engines: Mapping[str, RoleEngines]) -> "RoleWorker":
         """A worker over engines built elsewhere (the Ray executor builds FSDP engines, or one half of a policy)."""
         worker = cls(device, {})
-        worker.engines.update(engines)
-        worker._offloaded.update({name: set() for name in engines})
+        for role, role_engines in engines.items():
+            worker.install(role, role_engines)
         return worker
 
-    def _engines(self, role: str, need: str) -> RoleEngines:
+    def install(self, role: str, engines: RoleEngines) -> None:
+        """Host ``engines`` as ``role``'s (replacing any it had; e.g. a new reward source), resident."""
+        self.engines[role] = engines
+        self._offloaded.setdefault(role, set())
+
+    def engines_for(self, role: str, need: str) -> RoleEngines:
+        """``role``'s engines, which must include a ``need`` engine (train, rollout, reward) and be resident
+        (not offloaded); an ExecutionError naming the role otherwise."""
         engines = self.engines.get(role)
         if engines is None:
             raise ExecutionError(f"worker on {self.device} hosts no role {role!r}; it hosts {', '.join(self.engines)}")
@@ -53,7 +60,7 @@ class RoleWorker:
     def generate(self, role: str, prompts: Batch, overrides: Mapping[str, object],
                  agent: Mapping[str, object] | None = None) -> Batch:
         """Responses to ``prompts``; with ``agent`` (a node's env settings), multi-turn trajectories."""
-        rollout = self._engines(role, "rollout").rollout
+        rollout = self.engines_for(role, "rollout").rollout
         params = rollout.sampling.model_copy(update={k: v for k, v in overrides.items() if v is not None})
         params = SamplingParams.model_validate(params.model_dump())
         if agent is None:
@@ -64,22 +71,22 @@ class RoleWorker:
         return rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)))
 
     def logprob(self, role: str, batch: Batch) -> torch.Tensor:
-        return self._engines(role, "train").train.compute_log_probs(batch)
+        return self.engines_for(role, "train").train.compute_log_probs(batch)
 
     def values(self, role: str, batch: Batch) -> torch.Tensor:
-        return self._engines(role, "train").train.compute_values(batch)
+        return self.engines_for(role, "train").train.compute_values(batch)
 
     def score(self, role: str, batch: Batch):
-        return self._engines(role, "reward").reward.score(batch)
+        return self.engines_for(role, "reward").reward.score(batch)
 
     def update(self, role: str, batch: Batch, terms: Sequence[tuple[str, float, dict]]) -> dict[str, float]:
-        return self._engines(role, "train").train.update(batch, terms)
+        return self.engines_for(role, "train").train.update(batch, terms)
 
     # -- transitions -------------------------------------------------------------------
     def sync_weights(self, role: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SyncStats:
         """Hybrid engine: stream the train engine's full tensors into the rollout engine in buckets of
         ``bucket_bytes``; nothing moves (all-zero stats) when the two share one module."""
-        engines = self._engines(role, "rollout")
+        engines = self.engines_for(role, "rollout")
         if engines.train is None or engines.rollout.shares_weights_with(engines.train):
             return SyncStats(0, 0, 0, 0, 0.0)
         return stream_into(engines.rollout, engines.train.named_weights(), bucket_bytes=bucket_bytes)

@@ -50,9 +50,9 @@ def run_machine(config: PPOConfig) -> Machine:
 
 def check_same_graph(plan: ExecutionPlan, graph: Graph, source: str) -> None:
     """PlanError unless ``plan`` runs ``graph`` (same nodes, attributes and roles), naming the first difference."""
-    mine, theirs = graph_to_dict(graph), plan.graph
-    if mine == theirs:
+    if plan.graph == graph:
         return
+    mine, theirs = graph_to_dict(graph), graph_to_dict(plan.graph)
     if mine.get("name") != theirs.get("name"):
         raise PlanError(f"plan {source} runs graph {theirs.get('name')!r}, but this config builds {mine.get('name')!r}; "
                         f"compile the plan from this config (hybridflow compile CONFIG.yaml --cluster local -o PLAN.json)")

@@ -1,7 +1,10 @@
-"""Saving a trainer's run state as a checkpoint, and picking a run up from one (``resume``).
+"""Saving a run as a checkpoint, and picking a run up from one (``resume``).
 
 The model and optimizer state is written and read by the workers that hold it, each its own shard
-(:mod:`hybridflow.runtime.shard_calls`); this process handles JSON only. A checkpoint written at
+(:mod:`hybridflow.runtime.shard_calls`); this process handles JSON only: the rollouts' sampling state, and the
+controller's own state, which the trainer gives to :func:`save_run` and reads back from the checkpoint that
+:func:`resume_run` / :func:`resume_newest` loaded. What a checkpoint is written from and loaded into is a
+:class:`CheckpointScope`. A checkpoint written at
 one data-parallel size resumes at another (DCP reshards).
 
 ``resume="auto"`` continues from the newest checkpoint under ``<output_dir>/checkpoints``
@@ -15,49 +18,76 @@ import json
 import logging
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
+from ..compiler.plan import ExecutionPlan
 from ..errors import CheckpointError, OutputDirError
 from ..runtime.engines.lora import ADAPTER_CONFIG, settings_adapter_config
 from ..runtime.shard_calls import load_train_states, save_train_states
 from .checkpoint import (CHECKPOINTS, TENSORS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint,
                          save_checkpoint)
-from .config import RUN_CONTROL_FIELDS, config_hash
+from .config import RUN_CONTROL_FIELDS, PPOConfig, config_hash
 from .run_state import capture_json, restore
+from .setup import RunInputs
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from ..graph import Graph
+    from ..runtime.interpreter import PlanExecutor
 
-__all__ = ["save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_roles", "rollout_engines"]
+__all__ = ["CheckpointScope", "save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_roles",
+           "rollout_engines"]
 
 log = logging.getLogger("hybridflow.trainer")
 
 
-def trained_roles(trainer: "Trainer") -> tuple[str, ...]:
-    """The roles the graph updates (their weights and optimizer state are checkpointed), in graph order."""
-    return tuple(dict.fromkeys(n.role for n in trainer.graph.nodes if n.kind == "update"))
+@dataclass(frozen=True)
+class CheckpointScope:
+    """What a run's checkpoints are written from and loaded into."""
+
+    config: PPOConfig
+    algorithm: str
+    """The algorithm's name, recorded in the checkpoint; a checkpoint of another algorithm is refused."""
+    executor: "PlanExecutor"
+    """Its workers hold the engines, and write and read their shards."""
+    plan: ExecutionPlan
+    inputs: RunInputs
+    """The tokenizer and the actor's source, written beside the policies' weights (``hf/<role>``)."""
+    output_dir: Path
+    """Checkpoints go to ``<output_dir>/checkpoints``."""
 
 
-def rollout_engines(trainer: "Trainer") -> dict:
-    return {r.name: trainer.rollout_engine(r.name) for r in trainer.graph.roles if r.kind == "policy"}
+def trained_roles(graph: "Graph") -> tuple[str, ...]:
+    """The roles ``graph`` updates (their weights and optimizer state are checkpointed), in graph order."""
+    return tuple(dict.fromkeys(n.role for n in graph.nodes if n.kind == "update"))
 
 
-def _write_hf_files(trainer: "Trainer"):
+def rollout_engines(executor: "PlanExecutor", plan: ExecutionPlan) -> dict:
+    """Policy role -> its rollout engine: on its own pool, or on its generation pool when ``plan`` gives it one."""
+    engines = {}
+    for role in (r.name for r in plan.graph.roles if r.kind == "policy"):
+        placement = plan.placement(role)
+        engines[role] = executor.workers[placement.generation_pool or placement.pool].engines[role].rollout
+    return engines
+
+
+def _write_hf_files(scope: CheckpointScope):
     """Writes each policy's transformers config, generation config and tokenizer under ``hf/<role>``; a LoRA
     policy's peft ``adapter_config.json`` too, naming its base model."""
-    lora = trainer.config.lora_settings()
+    lora = scope.config.lora_settings()
+    plan, workers = scope.plan, scope.executor.workers
 
     def write(folder: Path) -> None:
-        for role in (r.name for r in trainer.graph.roles if r.kind == "policy"):
-            module = trainer.role_engines(role).train.module
+        for role in (r.name for r in plan.graph.roles if r.kind == "policy"):
+            module = workers[plan.placement(role).pool].engines[role].train.module
             target = folder / "hf" / role
             module.config.save_pretrained(target)
             if getattr(module, "generation_config", None) is not None:
                 module.generation_config.save_pretrained(target)
-            trainer.tokenizer.save_pretrained(target)
+            scope.inputs.tokenizer.save_pretrained(target)
             if lora is not None:  # the checkpoint holds the adapters; export finds their base model here
-                config = settings_adapter_config(lora, base_model=_base_model_path(trainer.actor_path))
+                config = settings_adapter_config(lora, base_model=_base_model_path(scope.inputs.actor_path))
                 (target / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
     return write
 
@@ -68,36 +98,36 @@ def _base_model_path(source: str) -> str:
     return str(path.resolve()) if path.is_dir() else source
 
 
-def save_run(trainer: "Trainer") -> Path:
-    """Checkpoint the trainer's current step under ``<output_dir>/checkpoints``; returns the folder."""
-    cfg = trainer.config
+def save_run(scope: CheckpointScope, step: int, controller_state: Mapping[str, Any]) -> Path:
+    """Checkpoint step ``step`` under ``<output_dir>/checkpoints``, with the controller's JSON ``controller_state``
+    (the data loader's position, ...: given back as the loaded checkpoint's ``state``); returns the folder."""
+    cfg = scope.config
     start = time.perf_counter()
-    state = {"algorithm": trainer.algorithm, "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg),
-             "loader": trainer.loader.state_dict(), "nan_streak": trainer._nan_streak,
-             "algorithm_state": trainer.algorithm_state.state_dict()}
-    rollouts = rollout_engines(trainer)
+    state = {"algorithm": scope.algorithm, "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg),
+             **controller_state}
+    rollouts = rollout_engines(scope.executor, scope.plan)
 
     def write_shards(folder: Path):
         """The workers write the trained roles' shards; the controller keeps their JSON and manifest entries."""
-        engines, manifest = save_train_states(trainer.executor, trained_roles(trainer), folder)
+        engines, manifest = save_train_states(scope.executor, trained_roles(scope.plan.graph), folder)
         return capture_json(engines, rollouts), manifest
 
-    path = save_checkpoint(trainer.output_dir / CHECKPOINTS, trainer.step, {}, state, keep=cfg.keep_checkpoints,
-                           write_extra=_write_hf_files(trainer), write_shards=write_shards)
+    path = save_checkpoint(scope.output_dir / CHECKPOINTS, step, {}, state, keep=cfg.keep_checkpoints,
+                           write_extra=_write_hf_files(scope), write_shards=write_shards)
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    log.info("checkpoint of step %d written to %s (%.1f MB, %.2f s)", trainer.step, path, size / 1e6,
+    log.info("checkpoint of step %d written to %s (%.1f MB, %.2f s)", step, path, size / 1e6,
              time.perf_counter() - start)
     return path
 
 
-def _check_compatible(trainer: "Trainer", found: LoadedCheckpoint) -> None:
+def _check_compatible(config: PPOConfig, algorithm: str, found: LoadedCheckpoint) -> None:
     saved_algorithm = found.state.get("algorithm")
-    if saved_algorithm != trainer.algorithm:
+    if saved_algorithm != algorithm:
         raise CheckpointError(f"{found.path} was written by a {saved_algorithm} run; this trainer runs "
-                              f"{trainer.algorithm}. Use another output_dir, or resume='never' overwrite=true to start over")
-    if found.state.get("config_hash") != config_hash(trainer.config):
+                              f"{algorithm}. Use another output_dir, or resume='never' overwrite=true to start over")
+    if found.state.get("config_hash") != config_hash(config):
         saved = found.state.get("config", {})
-        now = trainer.config.model_dump(mode="json")
+        now = config.model_dump(mode="json")
         if "seed" in saved and saved["seed"] != now.get("seed"):  # the data order and every sampling stream follow it
             raise CheckpointError(
                 f"{found.path} was written by a run with seed={saved['seed']}; this run has seed={now.get('seed')}. A "
@@ -108,25 +138,25 @@ def _check_compatible(trainer: "Trainer", found: LoadedCheckpoint) -> None:
                     found.path, ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed))
 
 
-def check_fresh_start(trainer: "Trainer") -> None:
+def check_fresh_start(config: PPOConfig, output_dir: Path) -> None:
     """resume='never' on a folder with checkpoints and without overwrite=true: OutputDirError, nothing deleted.
 
     Called before the models load, so that the mistake costs no time.
     """
-    root = trainer.output_dir / CHECKPOINTS
-    stale = list_checkpoints(root) if trainer.config.resume == "never" else []
-    if stale and not trainer.config.overwrite:
+    root = output_dir / CHECKPOINTS
+    stale = list_checkpoints(root) if config.resume == "never" else []
+    if stale and not config.overwrite:
         raise OutputDirError(
             f"resume='never' but {root} holds {len(stale)} checkpoint(s) of an earlier run (newest: "
             f"{stale[-1][1].name}); nothing was deleted. Use a new output_dir, resume='auto' to continue that "
             "run, or overwrite=true to delete its checkpoints and start fresh")
 
 
-def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
-    mode = trainer.config.resume
-    root = trainer.output_dir / CHECKPOINTS
+def _find(config: PPOConfig, output_dir: Path) -> LoadedCheckpoint | None:
+    mode = config.resume
+    root = output_dir / CHECKPOINTS
     if mode == "never":
-        check_fresh_start(trainer)
+        check_fresh_start(config, output_dir)
         stale = list_checkpoints(root)
         if stale:
             log.warning("resume='never' overwrite=true: removing %d checkpoint(s) of an earlier run in %s",
@@ -141,34 +171,31 @@ def _find(trainer: "Trainer") -> LoadedCheckpoint | None:
     return read_checkpoint(Path(mode), prefixes=())
 
 
-def resume_run(trainer: "Trainer") -> None:
-    """Load the checkpoint ``config.resume`` names into the trainer's engines, RNGs, loader and step."""
-    found = _find(trainer)
+def resume_run(scope: CheckpointScope) -> LoadedCheckpoint | None:
+    """Load the checkpoint ``config.resume`` names into the workers' engines and the rollouts' RNGs; returns it
+    (its ``state`` holds the controller's), or None when the run starts fresh."""
+    found = _find(scope.config, scope.output_dir)
     if found is not None:
-        _load(trainer, found)
+        _load(scope, found)
+    return found
 
 
-def resume_newest(trainer: "Trainer") -> None:
+def resume_newest(scope: CheckpointScope) -> LoadedCheckpoint:
     """Load the newest checkpoint that verifies, whatever ``config.resume`` says (recovery after a lost worker)."""
-    root = trainer.output_dir / CHECKPOINTS
+    root = scope.output_dir / CHECKPOINTS
     found = newest_checkpoint(root, prefixes=())
     if found is None:
         raise CheckpointError(f"no checkpoint in {root} to continue from after the lost worker; "
                               "max_restarts needs save_freq > 0")
-    _load(trainer, found)
+    _load(scope, found)
+    return found
 
 
-def _load(trainer: "Trainer", found: LoadedCheckpoint) -> None:
-    _check_compatible(trainer, found)
+def _load(scope: CheckpointScope, found: LoadedCheckpoint) -> None:
+    _check_compatible(scope.config, scope.algorithm, found)
     if found.state.get("format_version", 1) < 2:
         raise CheckpointError(f"{found.path} was written by an older hybridflow (one tensors/ folder written by the "
                               "driver); it can be exported (hybridflow export) but not resumed. Start fresh in another "
                               "output_dir")
-    load_train_states(trainer.executor, trained_roles(trainer), found.path / TENSORS, found.state["engines"])
-    restore(rollout_engines(trainer), found.state)
-    trainer.loader.load_state_dict(found.state["loader"])
-    trainer.step = found.step
-    trainer._nan_streak = int(found.state.get("nan_streak", 0))
-    trainer.algorithm_state.load_state_dict(found.state.get("algorithm_state", {}))
-    trainer.resumed_from = found.path
-    log.warning("resumed from %s (step %d of %d)", found.path, found.step, trainer.config.max_steps)
+    load_train_states(scope.executor, trained_roles(scope.plan.graph), found.path / TENSORS, found.state["engines"])
+    restore(rollout_engines(scope.executor, scope.plan), found.state)

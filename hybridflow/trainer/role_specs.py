@@ -1,23 +1,24 @@
-"""Each role's :class:`~hybridflow.runtime.roles.RoleSpec` (how its engines are built) from a trainer's config.
+"""Each role's :class:`~hybridflow.runtime.roles.RoleSpec` (how its engines are built) from a run's config.
 
 Models come from the run spec's one table (:data:`~.run_spec.ROLE_MODEL_SOURCES`). The policy gets a train
 engine and its rollout engine (the plan's choice, else ``rollout_engine``), the critic a train engine, the
 reference a log-prob engine, a cost role its own source (``cost_model_name`` or ``cost_fn``, never the reward's),
-and the reward role the reward: the source set with ``Trainer.set_reward_model``, else ``reward_model_name``,
-else the rule ``reward_fn``.
+and the reward role the reward: the source set with ``Trainer.set_reward_model`` (``reward_source``), else
+``reward_model_name``, else the rule ``reward_fn``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
+from ..compiler.plan import ExecutionPlan
 from ..errors import ConfigError
+from ..graph import Graph
 from ..runtime.engines import SamplingParams, TrainEngineConfig
 from ..runtime.roles import RoleSpec
-from .run_spec import ROLE_MODEL_SOURCES
+from .config import PPOConfig
+from .run_spec import ROLE_MODEL_SOURCES, RunSpec
 from .seeds import stream_seed
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .setup import RunInputs
 
 __all__ = ["role_specs", "reward_spec", "cost_spec", "load_function"]
 
@@ -37,23 +38,23 @@ def load_function(path: str, field: str = "reward_fn") -> Callable:
     return fn
 
 
-def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
-    """How to build each role's engines from ``trainer``'s config, graph and plan."""
-    cfg = trainer.config
-    sampling = SamplingParams(n=1, max_new_tokens=trainer.max_response_length, temperature=cfg.temperature,
+def role_specs(cfg: PPOConfig, spec: RunSpec, plan: ExecutionPlan, inputs: RunInputs, *,
+               reward_source: Any = None) -> dict[str, RoleSpec]:
+    """How to build the engines of each role of ``spec.graph`` from the config, the run spec and ``plan``;
+    ``reward_source`` (None: the config's) scores for the reward role."""
+    sampling = SamplingParams(n=1, max_new_tokens=inputs.max_response_length, temperature=cfg.temperature,
                               top_p=cfg.top_p, top_k=cfg.top_k, seed=stream_seed(cfg.seed, "rollout"))
     common = dict(max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, ppo_epochs=cfg.ppo_epochs, mini_batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
                   pack_sequences=cfg.pack_sequences, max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
                   num_threads=cfg.num_threads, seed=cfg.seed)
-    spec = trainer.run_spec
     specs: dict[str, RoleSpec] = {}
-    for role in trainer.graph.roles:
+    for role in spec.graph.roles:
         model = spec.source(role.name)
         if role.kind == "policy":
             train = TrainEngineConfig(lr=cfg.actor_lr, temperature=cfg.temperature, lora=cfg.lora_settings(), **common,
                                       **cfg.actor_lr_schedule.engine_settings(cfg.max_steps))
-            engine = trainer.plan.placement(role.name).rollout_engine or spec.rollout_engine
-            specs[role.name] = RoleSpec(model=model, tokenizer=trainer.tokenizer, train=train, sampling=sampling,
+            engine = plan.placement(role.name).rollout_engine or spec.rollout_engine
+            specs[role.name] = RoleSpec(model=model, tokenizer=inputs.tokenizer, train=train, sampling=sampling,
                                         rollout_engine=engine, rollout_options=dict(cfg.rollout_engine_options))
         elif role.kind == "critic":
             specs[role.name] = RoleSpec(model=model, train=TrainEngineConfig(lr=cfg.critic_lr, **common,
@@ -61,46 +62,44 @@ def role_specs(trainer: "Trainer") -> dict[str, RoleSpec]:
         elif role.kind == "reference":
             forward = TrainEngineConfig(pack_sequences=cfg.pack_sequences,
                                         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch)
-            specs[role.name] = RoleSpec(model=model, sampling=sampling, train=forward, base_of=_lora_base_of(trainer))
+            specs[role.name] = RoleSpec(model=model, sampling=sampling, train=forward, base_of=_lora_base_of(cfg, spec.graph))
         elif role.kind == "cost":
-            specs[role.name] = cost_spec(trainer, role.name)
+            specs[role.name] = cost_spec(cfg, inputs, spec.graph, role.name)
         else:
-            specs[role.name] = reward_spec(trainer)
+            specs[role.name] = reward_spec(cfg, inputs, reward_source)
     return specs
 
 
-def _lora_base_of(trainer: "Trainer") -> str | None:
+def _lora_base_of(cfg: PPOConfig, graph: Graph) -> str | None:
     """The LoRA policy a reference is the base model of: with lora_rank > 0 and no ref_model_name, the reference is
     the actor's initial model, i.e. its base model (the adapters start at zero)."""
-    cfg = trainer.config
     if not cfg.lora_rank or cfg.ref_model_name:
         return None
-    return next((r.name for r in trainer.graph.roles if r.kind == "policy"), None)
+    return next((r.name for r in graph.roles if r.kind == "policy"), None)
 
 
-def reward_spec(trainer: "Trainer") -> RoleSpec:
-    """A reward role: the reward source set on the trainer, else ``reward_model_name``, else the rule ``reward_fn``."""
-    cfg = trainer.config
-    if trainer._reward_source is not None:
-        return RoleSpec(reward=trainer._reward_source, tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score,
+def reward_spec(cfg: PPOConfig, inputs: RunInputs, reward_source: Any = None) -> RoleSpec:
+    """A reward role: ``reward_source`` (set with ``Trainer.set_reward_model``), else ``reward_model_name``, else the
+    rule ``reward_fn``."""
+    if reward_source is not None:
+        return RoleSpec(reward=reward_source, tokenizer=inputs.tokenizer, unfinished_score=cfg.unfinished_score,
                         reward_timeout_s=cfg.reward_timeout_s)
-    model = ROLE_MODEL_SOURCES["reward"](cfg, trainer.actor_path)
+    model = ROLE_MODEL_SOURCES["reward"](cfg, inputs.actor_path)
     if model:
         return RoleSpec(model=model)
-    return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=trainer.tokenizer, unfinished_score=cfg.unfinished_score,
+    return RoleSpec(reward=load_function(cfg.reward_fn), tokenizer=inputs.tokenizer, unfinished_score=cfg.unfinished_score,
                     reward_timeout_s=cfg.reward_timeout_s)
 
 
-def cost_spec(trainer: "Trainer", role: str) -> RoleSpec:
+def cost_spec(cfg: PPOConfig, inputs: RunInputs, graph: Graph, role: str) -> RoleSpec:
     """A cost role scores with ``cost_model_name`` or the rule ``cost_fn`` (never the reward); ConfigError without one."""
-    cfg = trainer.config
-    model = ROLE_MODEL_SOURCES["cost"](cfg, trainer.actor_path)
+    model = ROLE_MODEL_SOURCES["cost"](cfg, inputs.actor_path)
     if model:
         return RoleSpec(model=model)
     if cfg.cost_fn:
         # unfinished_score=None: a truncated response gets its cost like any other, not a free 0
-        return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=trainer.tokenizer, unfinished_score=None,
+        return RoleSpec(reward=load_function(cfg.cost_fn, "cost_fn"), tokenizer=inputs.tokenizer, unfinished_score=None,
                         reward_timeout_s=cfg.reward_timeout_s)
-    raise ConfigError(f"{trainer.algorithm} has a cost role ({role!r}) but no cost source: set cost_fn "
+    raise ConfigError(f"{graph.name} has a cost role ({role!r}) but no cost source: set cost_fn "
                       "('package.module:function' returning a cost, e.g. "
                       "'hybridflow_ops.rewards.arithmetic:long_answer_cost') or cost_model_name")

@@ -14,7 +14,7 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 if TYPE_CHECKING:
     from ..compiler.plan import ExecutionPlan
@@ -69,14 +69,13 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
         if trainer.executor is not None and trainer.executor.recorder.spans:
             trace, timing = out / "trace.json", out / "timing.txt"
             for path in (trace, timing):
-                _keep_earlier(path, trainer)
+                _keep_earlier(path, trainer.written_artifacts)
             # one track per worker on Ray (trace_spans), one per device locally
             paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), trace)
             spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
             table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
             timing.write_text(table + "\n")
             paths["timing"] = timing
-            trainer.timing_table = table
             trainer.written_artifacts.update((trace, timing))
     except OSError as err:
         raise WriteError("the run's drawing, trace or timing table cannot be written (metrics.jsonl and the "
@@ -84,12 +83,12 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
     return paths
 
 
-def _keep_earlier(path: Path, trainer: "Trainer") -> None:
-    """Rename a ``path`` this trainer did not write (an earlier run's) to ``<stem>.<n><suffix>``, the first free n."""
+def _keep_earlier(path: Path, written: set[Path]) -> None:
+    """Rename a ``path`` not in ``written`` (the trainer's: an earlier run's) to ``<stem>.<n><suffix>``, the first free n."""
     import logging
     import os
 
-    if not path.is_file() or path in trainer.written_artifacts:
+    if not path.is_file() or path in written:
         return
     number = 1
     while (aside := path.with_name(f"{path.stem}.{number}{path.suffix}")).exists():
@@ -98,10 +97,11 @@ def _keep_earlier(path: Path, trainer: "Trainer") -> None:
     logging.getLogger("hybridflow.trainer").info("the earlier run's %s is kept as %s", path.name, aside.name)
 
 
-def validation_history(trainer: "Trainer") -> dict[int, dict[str, float]]:
-    """``step -> val/... metrics`` of this run, from metrics.jsonl (which a resumed run keeps) or the trainer."""
+def validation_history(output_dir: Path, validations: Mapping[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """``step -> val/... metrics`` of the run in ``output_dir``, from its metrics.jsonl (which a resumed run keeps),
+    else from ``validations`` (the trainer's, of this process)."""
     found: dict[int, dict[str, float]] = {}
-    path = trainer.output_dir / "metrics.jsonl"
+    path = output_dir / "metrics.jsonl"
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
@@ -111,7 +111,7 @@ def validation_history(trainer: "Trainer") -> dict[int, dict[str, float]]:
             vals = {k: v for k, v in row.items() if k.startswith("val/")}
             if vals:
                 found[int(row["step"])] = vals
-    for step, metrics in trainer.validations.items():
+    for step, metrics in validations.items():
         found.setdefault(step, metrics)
     return found
 
@@ -128,7 +128,7 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
         lines[0] += f" (stopped at step {trainer.step} of {cfg.max_steps}: max_time_s={cfg.max_time_s:g} reached)"
     if trainer.stop_signal:
         lines[0] += f" (stopped by {trainer.stop_signal} at step {trainer.step} of {cfg.max_steps}; resume='auto' continues)"
-    vals = validation_history(trainer)
+    vals = validation_history(out, trainer.validations)
     if vals:
         first, last = vals[min(vals)], vals[max(vals)]
         for key in sorted(first):
@@ -148,7 +148,7 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
     lines.append(f"plan:       {out / 'plan.json'}   drawing: {artifacts.get('graph')}")
     if "trace" in artifacts:
         lines.append(f"trace:      {artifacts['trace']} (open in ui.perfetto.dev or chrome://tracing)")
-    table = getattr(trainer, "timing_table", None)
+    table = artifacts["timing"].read_text() if "timing" in artifacts else None
     if table:
         step = next(line for line in table.splitlines() if line.startswith("step "))
         pred, meas, ratio = step.split()[1:4]

@@ -66,7 +66,7 @@ def _make_builtin_model(path: Path, seed: int) -> None:
     :func:`~hybridflow.data.tasks.arithmetic.random_wrong_answer`): it teaches the shape of
     an answer, so that RL spends its steps on correctness. Written to a temporary folder
     and renamed, so an interrupted run never leaves a half-made model behind. A model once
-    made is kept in ``$HYBRIDFLOW_CACHE/builtin_models`` (:func:`_builtin_key`: the seed, the
+    made is kept in ``$HYBRIDFLOW_CACHE/builtin_models`` (:func:`builtin_model_key`: the seed, the
     thread count, the versions and the source of the code that makes it) and copied from there.
     """
     import shutil
@@ -75,7 +75,7 @@ def _make_builtin_model(path: Path, seed: int) -> None:
 
     staging = path.with_name(path.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    cached = cache_root() / "builtin_models" / _builtin_key(seed)
+    cached = cache_root() / "builtin_models" / builtin_model_key(seed)
     if (cached / "config.json").is_file():
         shutil.copytree(cached, staging)
     else:
@@ -96,7 +96,7 @@ def _build_builtin_model(folder: Path, seed: int) -> None:
     model.save_pretrained(folder)
 
 
-def _builtin_key(seed: int) -> str:
+def builtin_model_key(seed: int) -> str:
     """What the built-in model's bytes depend on: seed, torch threads (the warm-up's float order), the torch and
     transformers versions and the source of the modules that make it (a change to the recipe is a new key)."""
     import hashlib

@@ -97,7 +97,7 @@ class Trainer:
 
             role = next(r.name for r in self.graph.roles if r.kind == "reward")
             worker = self.executor.workers[self.plan.placement(role).pool]
-            worker.engines[role] = build_engines(role, "reward", reward_spec(self), worker.device)
+            worker.engines[role] = build_engines(role, "reward", reward_spec(self.config, self.inputs, reward), worker.device)
 
     def build_graph(self) -> Graph:
         """The algorithm's graph with the config's values for the attributes it has."""
@@ -112,7 +112,9 @@ class Trainer:
             log.warning("%s has no %s role; the config field %s is ignored", self.algorithm, kind, field)
         return algorithm.build(**attrs)
 
-    def _prepare(self) -> None:
+    def prepare(self) -> None:
+        """Build the run without training: data, graph, plan (written to ``plan.json``), executor and engines,
+        the checkpoint resumed from, trackers. :meth:`train` calls it when it has not run yet."""
         from ..data import PromptDataset, PromptLoader
         from ..runtime.local import LocalExecutor
         from .progress import PhaseRecorder
@@ -128,9 +130,9 @@ class Trainer:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        check_fresh_start(self)
+        check_fresh_start(cfg, self.output_dir)
         check_devices(cfg.device_map)
-        inputs = run_inputs(cfg, self.output_dir)
+        self.inputs = inputs = run_inputs(cfg, self.output_dir)
         self.actor_path, self.tokenizer, self.max_response_length = inputs.actor_path, inputs.tokenizer, inputs.max_response_length
         self.train_rows, self.val_rows = inputs.train_rows, inputs.val_rows
         self.graph = self.build_graph()
@@ -162,7 +164,7 @@ class Trainer:
 
     def role_specs(self) -> dict[str, RoleSpec]:
         """How to build each role's engines from the config (:func:`.role_specs.role_specs`)."""
-        return role_specs(self)
+        return role_specs(self.config, self.run_spec, self.plan, self.inputs, reward_source=self._reward_source)
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
@@ -183,7 +185,7 @@ class Trainer:
             if self.executor is None:
                 stop.at_once = True  # start-up: no step to finish, nothing to save; a Ctrl-C stops it now
                 try:
-                    self._prepare()
+                    self.prepare()
                 finally:
                     stop.at_once = False
             if self.step >= self.config.max_steps and not self.history:  # a finished run: its recorded steps
@@ -214,7 +216,7 @@ class Trainer:
                     if stop.requested:  # the signal reached the workers too: the step is abandoned
                         self.step, lost = self.step - 1, err
                         break
-                    restarts = self._recover(err, restarts)
+                    restarts = self.recover(err, restarts)
                     del self.history[max(0, self.step - first):]
                     continue
                 if ended:
@@ -272,8 +274,9 @@ class Trainer:
             where = ""
         log.warning("%s: stopped after step %d of %d%s", stop.name, self.step, self.config.max_steps, where)
 
-    def _recover(self, err: WorkerLostError, used: int) -> int:
-        """A fresh worker group with the newest checkpoint loaded; returns the restarts used (re-raises past max)."""
+    def recover(self, err: WorkerLostError, used: int) -> int:
+        """After ``err`` (the ``used``-th restart so far): a fresh worker group with the newest checkpoint loaded;
+        returns the restarts used (re-raises ``err`` past ``max_restarts``). :meth:`train` calls it."""
         from .resume import resume_newest
 
         if used >= self.config.max_restarts:
@@ -282,7 +285,7 @@ class Trainer:
                     self.config.max_restarts)
         self.executor.restart()
         self._ahead = None  # its generation died with the workers
-        resume_newest(self)
+        self._restore(resume_newest(self._checkpoint_scope()))
         for tracker in self._trackers or ():  # the steps after the checkpoint are run again: log each step once
             if hasattr(tracker, "rewind"):
                 tracker.rewind(self.step)
@@ -361,7 +364,7 @@ class Trainer:
         prompts = make_prompt_batch(self.val_rows, self.tokenizer, max_prompt_length=cfg.max_prompt_length,
                                     apply_chat_template=cfg.apply_chat_template)
         env = self.executor.run_plan(self._validation_plan, {"prompts": prompts}).env
-        greedy, sampled = (n.name for n in self._validation_plan.graph_ir().nodes if n.kind == "score")
+        greedy, sampled = (n.name for n in self._validation_plan.graph.nodes if n.kind == "score")
         # means in float64: 90 of 100 in float32 is 0.89999998, which a stop_at_val_score=0.9 would not reach
         return {"val/score/greedy": float(env[greedy]["scores"].double().mean()),
                 f"val/score/mean@{cfg.val_samples}": float(env[sampled]["scores"].double().mean())}
@@ -383,14 +386,32 @@ class Trainer:
 
         if self.progress is not None:
             self.progress.phase("save checkpoint")
-        self.last_checkpoint = save_run(self)
+        state = {"loader": self.loader.state_dict(), "nan_streak": self._nan_streak,
+                 "algorithm_state": self.algorithm_state.state_dict()}
+        self.last_checkpoint = save_run(self._checkpoint_scope(), self.step, state)
         self._saved_step = self.step
         return self.last_checkpoint
+
+    def _checkpoint_scope(self):
+        from .resume import CheckpointScope
+
+        return CheckpointScope(self.config, self.algorithm, self.executor, self.plan, self.inputs, self.output_dir)
 
     def _resume(self) -> None:
         from .resume import resume_run
 
-        resume_run(self)
+        found = resume_run(self._checkpoint_scope())
+        if found is not None:
+            self._restore(found)
+
+    def _restore(self, found) -> None:
+        """Continue from checkpoint ``found`` (its engines loaded): the data position, step and algorithm state."""
+        self.loader.load_state_dict(found.state["loader"])
+        self.step = found.step
+        self._nan_streak = int(found.state.get("nan_streak", 0))
+        self.algorithm_state.load_state_dict(found.state.get("algorithm_state", {}))
+        self.resumed_from = found.path
+        log.warning("resumed from %s (step %d of %d)", found.path, found.step, self.config.max_steps)
 
 
 class PPOTrainer(Trainer):

@@ -163,7 +163,7 @@ def gantt_svg(plan=None, trace: dict | None = None, *, iteration: int | None = N
     """The SVG text: the plan's predicted schedule and/or a run's trace, on one time axis."""
     sections: list[tuple[str, list[Row]]] = []
     if plan is not None:
-        head = f"predicted: {plan.graph.get('name', '?')} on {plan.cluster}, placement {plan.strategy}"
+        head = f"predicted: {plan.graph.name} on {plan.cluster}, placement {plan.strategy}"
         if plan.predicted_iteration_s:
             head += f", {plan.predicted_iteration_s:.4g} s per iteration"
         sections.append((head, plan_rows(plan)))

@@ -37,7 +37,8 @@ PALETTE = ("#ffff99", "#8dd3c7", "#bebada", "#80b1d3", "#fccde5", "#d9d9d9", "#b
 INPUT_COLOUR = "#ffffff"
 
 
-def _colours(graph: Graph) -> dict[str, str]:
+def role_colours(graph: Graph) -> dict[str, str]:
+    """Role name (and the controller) -> its fill colour: the standard roles' own, then the palette's in turn."""
     colours = {CONTROLLER: ROLE_COLOURS[CONTROLLER]}
     spare = iter(PALETTE * (1 + len(graph.roles) // len(PALETTE)))
     for role in graph.roles:
@@ -88,7 +89,7 @@ def graph_to_dot(graph: Graph):
     """The graph as a ``graphviz.Digraph``."""
     import graphviz
 
-    colours = _colours(graph)
+    colours = role_colours(graph)
     title = _label(graph.name, _params(graph.attrs), width=90)
     dot = graphviz.Digraph(graph.name, graph_attr={"rankdir": "TB", "label": title, "labelloc": "t", "fontname": "Helvetica",
                                                    "nodesep": "0.35", "ranksep": "0.5"},

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from .graph import _colours
+from .graph import role_colours
 from .render import Rendered, write_dot_and_svg
 
 __all__ = ["plan_to_dot", "draw_plan"]
@@ -65,8 +65,8 @@ def plan_to_dot(plan):
     """The placement drawing as a ``graphviz.Digraph``."""
     import graphviz
 
-    graph = plan.graph_ir()
-    colours = _colours(graph)
+    graph = plan.graph
+    colours = role_colours(graph)
     timing = f", predicted {plan.predicted_iteration_s:.4g} s per iteration" if plan.predicted_iteration_s else ""
     title = _lines(f"{graph.name} on {plan.cluster}", f"placement {plan.strategy}{timing}, staleness {plan.staleness}")
     dot = graphviz.Digraph("plan", graph_attr={"rankdir": "LR", "label": title, "labelloc": "t", "fontname": "Helvetica",

@@ -18,7 +18,7 @@ __all__ = ["plan_trace", "write_plan_trace"]
 
 def plan_trace(plan) -> dict:
     """The Trace Event Format object of ``plan``'s predicted timeline."""
-    name = f"predicted: {plan.graph.get('name', '?')} on {plan.cluster} ({plan.strategy})"
+    name = f"predicted: {plan.graph.name} on {plan.cluster} ({plan.strategy})"
     tracks = [p.name for p in plan.pools] + ["controller"]
     tid = {track: k for k, track in enumerate(tracks)}
     events: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": name}}]

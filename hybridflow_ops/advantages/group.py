@@ -55,7 +55,8 @@ def group_stats(scores: torch.Tensor, group_index: torch.Tensor) -> GroupStats:
     return GroupStats(mean=mean, std=var.sqrt()[inverse], size=size[inverse])
 
 
-def _float_scores(scores: torch.Tensor) -> torch.Tensor:
+def float_scores(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` ``(b,)`` as a floating tensor (integer scores in the default float dtype)."""
     return scores if scores.is_floating_point() else scores.to(torch.get_default_dtype())
 
 
@@ -79,7 +80,7 @@ def grpo_advantage(
     A group of size 1 has no baseline to compare with and gets advantage 0.
     """
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     stats = group_stats(scores, group_index)
     centred = scores - stats.mean
     if norm_by_std:
@@ -101,7 +102,7 @@ def rloo_advantage(scores: torch.Tensor, group_index: torch.Tensor, response_mas
     Optimization for Learning from Human Feedback in LLMs", Sec. 3.2 (Kool et al. 2019).
     """
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     stats = group_stats(scores, group_index)
     n = stats.size
     advantage = torch.where(n > 1, n / (n - 1).clamp(min=1.0) * (scores - stats.mean), torch.zeros_like(scores))
@@ -128,6 +129,6 @@ def reinforce_pp_baseline_advantage(
     Large Language Models" (arXiv 2501.03262), the "baseline" variant.
     """
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     centred = scores - group_stats(scores, group_index).mean
     return Advantages(masked_whiten(broadcast_to_tokens(centred, response_mask), response_mask, eps=eps).whitened)

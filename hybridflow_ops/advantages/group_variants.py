@@ -10,7 +10,7 @@ import torch
 
 from ..registry import register_op
 from ._common import broadcast_to_tokens, check_sequence_inputs
-from .group import Advantages, _float_scores, group_stats
+from .group import Advantages, float_scores, group_stats
 
 __all__ = ["gpg_advantage", "opo_advantage", "passk_advantage"]
 
@@ -52,7 +52,7 @@ def gpg_advantage(
     for Model Reasoning", arXiv 2504.02546.
     """
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     stats = group_stats(scores, group_index)
     informative = (stats.size > 1) & (stats.std > 0)
     n_informative = informative.sum().to(scores.dtype)
@@ -80,7 +80,7 @@ def opo_advantage(scores: torch.Tensor, group_index: torch.Tensor, response_mask
     Reference: Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv 2505.23585.
     """
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     lengths = response_mask.to(torch.bool).sum(dim=-1).to(scores.dtype)
     weight_total = _group_sum(lengths, group_index)
     baseline = _group_sum(lengths * scores, group_index) / weight_total.clamp(min=1.0)
@@ -124,7 +124,7 @@ def passk_advantage(scores: torch.Tensor, group_index: torch.Tensor, response_ma
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     if not bool(((scores == 0) | (scores == 1)).all()):
         raise ValueError("passk_advantage needs binary scores (0 or 1); use a pass/fail reward")
     n = group_stats(scores, group_index).size

@@ -7,7 +7,7 @@ import torch
 
 from ..registry import register_op
 from ._common import check_sequence_inputs
-from .group import _float_scores, group_stats
+from .group import float_scores, group_stats
 
 __all__ = ["ShapedScores", "GroupFilter", "overlong_penalty", "uniform_group_filter"]
 
@@ -45,7 +45,7 @@ def overlong_penalty(
     limit = response_mask.shape[-1] if max_length is None else max_length
     if limit < 1 or not 1 <= cache_length <= limit:
         raise ValueError(f"need max_length >= 1 and 1 <= cache_length <= max_length, got {limit}, {cache_length}")
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     length = response_mask.to(torch.bool).sum(dim=-1).to(scores.dtype)
     ramp = ((limit - cache_length) - length) / cache_length
     shaped = torch.where(length > limit, -torch.ones_like(ramp), torch.clamp(ramp, max=0.0))
@@ -69,5 +69,5 @@ def uniform_group_filter(scores: torch.Tensor, group_index: torch.Tensor, respon
     constraint ``0 < |{o_i correct}| < G``).
     """
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
-    stats = group_stats(_float_scores(scores), group_index)
+    stats = group_stats(float_scores(scores), group_index)
     return GroupFilter((stats.size > 1) & (stats.std > 0))

@@ -11,7 +11,7 @@ import torch
 
 from ..registry import register_op
 from ._common import check_sequence_inputs, check_token_inputs, select_valid
-from .group import Advantages, _float_scores
+from .group import Advantages, float_scores
 
 __all__ = ["token_gradient_energy", "optimal_token_baseline_advantage"]
 
@@ -66,7 +66,7 @@ def optimal_token_baseline_advantage(
     """
     check_sequence_inputs(response_mask, scores=scores, group_index=group_index)
     check_token_inputs(response_mask, old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared)
-    scores = _float_scores(scores)
+    scores = float_scores(scores)
     valid = response_mask.to(torch.bool)
     energy = token_gradient_energy(select_valid(old_log_probs, valid).to(scores.dtype),
                                    select_valid(sum_pi_squared, valid).to(scores.dtype), valid)

@@ -61,7 +61,7 @@ def test_compiles_with_the_cli(name, tmp_path, capsys):
                  "-o", str(out)]) == 0
     plan = ExecutionPlan.from_json(out.read_text())
     verify_plan(plan)
-    assert plan.graph_ir() == ALGORITHMS[name].build()
+    assert plan.graph == ALGORITHMS[name].build()
 
 
 def test_compiler_prices_resampled_nodes_at_the_expected_rounds():

@@ -32,7 +32,7 @@ def test_a_plan_compiled_from_an_example_config_is_the_plan_its_run_runs(name, t
     assert re.search(r"predicted step time: \d", printed) and f"plan={plan}" in printed
     compiled = ExecutionPlan.from_json(plan.read_text())
     assert compiled.machine == local_machine().describe()  # bound to this machine: runnable as it is
-    assert compiled.graph["name"] == {"grpo_arith.yaml": "grpo", "quickstart.yaml": "ppo"}[name]
+    assert compiled.graph.name == {"grpo_arith.yaml": "grpo", "quickstart.yaml": "ppo"}[name]
     assert not (tmp_path / "run").exists()  # compiling writes nothing into the run's output_dir
     assert main(["run", config, *small, *STEPS, f"plan={plan}"]) == 0
     assert "done: 2 steps" in capsys.readouterr().out
@@ -47,7 +47,7 @@ def test_compile_derives_the_plan_the_run_derives(tmp_path, capsys):
     assert main(["run", config, *small, *STEPS]) == 0  # no plan=: the run compiles its own
     assert (tmp_path / "run" / "plan.json").read_text() == plan.read_text()
     # the config's n_samples reaches the graph: 4 responses per prompt, as the run samples them
-    generate = next(n for n in ExecutionPlan.from_json(plan.read_text()).graph_ir().nodes if n.kind == "generate")
+    generate = next(n for n in ExecutionPlan.from_json(plan.read_text()).graph.nodes if n.kind == "generate")
     assert generate.attrs.n == 4
 
 

@@ -167,13 +167,13 @@ def test_engine_cost_options_share_prompts_as_the_engines_do():
 def test_the_cost_model_shares_prompts_where_the_engine_does(hidden):
     # P = 4, groups of 8: a micro-batch of m rows saves (m - m/8) * 4 positions; the engine shares from
     # min_saved_positions(hidden) on (256 at width 64, 164 at 100, 64 at 256, 16 at 1024)
-    from hybridflow.compiler.cost import _shared_prompt
+    from hybridflow.compiler.cost import shared_prompt_cost
     from hybridflow.runtime.engines.shared_prompt import min_saved_positions
 
     options = engine_cost_options(8, 8)
     for micro in range(8, 129, 8):
         saved = (micro - micro // 8) * 4
-        calls = _shared_prompt(micro, 12, 4, 8, hidden, options)[1]
+        calls = shared_prompt_cost(micro, 12, 4, 8, hidden, options)[1]
         assert (calls == 2) == (saved >= min_saved_positions(hidden)), (micro, saved)
 
 

@@ -25,7 +25,7 @@ def test_every_algorithm_compiles_and_round_trips(name):
     again = ExecutionPlan.from_json(plan.to_json())
     assert again == plan and again.to_text() == plan.to_text()
     assert plan.strategy == "auto" and plan.predicted_iteration_s == max(op.predicted_end_s for op in plan.ops)
-    assert {op.node for op in plan.ops if op.kind == "node"} == {n.name for n in plan.graph_ir().nodes}
+    assert {op.node for op in plan.ops if op.kind == "node"} == {n.name for n in plan.graph.nodes}
 
 
 def _timeline_is_consistent(plan: ExecutionPlan) -> None:

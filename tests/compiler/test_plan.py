@@ -1,6 +1,8 @@
 """ExecutionPlan: JSON/text forms, the verifier naming the pass that broke it, device maps, binding to a machine."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hybridflow.algorithms import ALGORITHMS
@@ -8,6 +10,7 @@ from hybridflow.compiler import Machine, bind, compile_for, local_machine
 from hybridflow.compiler.passes import BatchShape
 from hybridflow.compiler.plan import ExecutionPlan, LayoutPlan, PlanOp, verify_plan
 from hybridflow.errors import PlacementError, PlanError
+from hybridflow.graph import Graph
 
 
 TINY = "qwen2.5-0.5b"
@@ -29,10 +32,27 @@ def test_plan_round_trips_json_and_names_every_node(name):
     plan = device_map_plan(graph)
     again = ExecutionPlan.from_json(plan.to_json())
     assert again == plan
-    assert again.graph_ir() == graph
+    assert again.graph == graph
+    assert again.to_json() == plan.to_json()  # the file form is stable: written, read and written again, byte for byte
     text = plan.to_text()
     for node in graph.nodes:
         assert f"op {node.name}:" in text
+
+
+def test_a_plan_holds_its_graph_record_and_parses_a_file_s_graph_once():
+    graph = ALGORITHMS["ppo"].build()
+    plan = device_map_plan(graph)
+    assert plan.graph is graph  # the compiler's record, not a copy re-read from JSON
+    again = ExecutionPlan.from_json(plan.to_json())
+    assert isinstance(again.graph, Graph) and again.graph is again.graph
+    assert again.model_copy(update={"staleness": 1}).graph is again.graph  # edits share the parsed record
+
+
+def test_a_plan_file_with_a_malformed_graph_is_a_plan_error():
+    data = json.loads(device_map_plan(ALGORITHMS["ppo"].build()).to_json())
+    del data["graph"]["nodes"]
+    with pytest.raises(PlanError, match=r"not a valid plan: (.|\n)*graph: missing key\(s\) nodes"):
+        ExecutionPlan.from_json(json.dumps(data))
 
 
 def test_weight_sync_precedes_each_generation_of_an_updated_policy():

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from hybridflow_ops.registry import _REGISTRY, OpRegistryError, get_op, register_op
+from hybridflow_ops.registry import OpRegistryError, get_op, register_op, unregister_op
 
 SOURCE = textwrap.dedent('''
     from hybridflow_ops.registry import register_op
@@ -24,7 +24,7 @@ def module_dir(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
     sys.modules.pop("reloaded_ops_module", None)
-    _REGISTRY.pop("reloaded_scale", None)
+    unregister_op("reloaded_scale")
 
 
 def test_a_reimported_module_replaces_its_own_op(module_dir):

@@ -8,7 +8,7 @@ import torch
 from hybridflow import PPOConfig
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.compiler.plan import PlanOp
-from hybridflow.data import create_tiny_model_dir, load_causal_lm
+from hybridflow.data import create_tiny_model_dir, load_causal_lm, make_prompt_batch
 from hybridflow.batch import Batch
 from hybridflow.runtime.engines.lm_logprobs import response_log_probs
 from hybridflow.runtime.resampling import ResampleRun, Round, concat_padded, select_groups
@@ -92,16 +92,22 @@ def _trainer(tiny, tmp_path, reward, **overrides):
                        num_threads=1, **overrides)
     trainer = Trainer(config, algorithm="dapo")
     trainer.set_reward_model(reward)
-    trainer._prepare()
+    trainer.prepare()
     return trainer
 
 
+def _prompt_batch(trainer, rows):
+    cfg = trainer.config
+    return make_prompt_batch(rows, trainer.tokenizer, max_prompt_length=cfg.max_prompt_length,
+                             apply_chat_template=cfg.apply_chat_template)
+
+
 def _iteration(trainer):
-    prompts, asked = trainer._prompt_batch(trainer._next_rows()), []
+    prompts, asked = _prompt_batch(trainer, trainer.loader.next_batch()), []
 
     def refill(k):
         asked.append(k)
-        return {"prompts": trainer._prompt_batch(trainer.loader.next_batch())}
+        return {"prompts": _prompt_batch(trainer, trainer.loader.next_batch())}
 
     return trainer.executor.run_iteration({"prompts": prompts}, refill=refill), asked
 

@@ -54,13 +54,13 @@ def test_round_trip_on_one_process(tmp_path):
     source = TrainEngine(tiny(), CONFIG)
     _step(source, 0.1)
     _step(source, -0.3)
-    torch.randperm(5, generator=source._shuffle)  # move the shuffle generator
+    torch.randperm(5, generator=source.shuffle_generator)  # move the shuffle generator
     saved = json.loads(json.dumps(save_train_state(source, tmp_path / "actor", role="actor")))  # as in trainer_state.json
     target = TrainEngine(tiny(), CONFIG)  # the same initial weights, no optimizer state yet
     load_train_state(target, tmp_path / "actor", saved, role="actor")
     _assert_same(*_by_name(source), *_by_name(target))
     assert target.lr == pytest.approx(source.lr) and target.scheduler.training_step == 2
-    assert torch.equal(target._shuffle.get_state(), source._shuffle.get_state())
+    assert torch.equal(target.shuffle_generator.get_state(), source.shuffle_generator.get_state())
     _step(source, 0.2)
     _step(target, 0.2)  # and they go on alike
     _assert_same(*_by_name(source), *_by_name(target))
@@ -89,7 +89,7 @@ def _dp2_rank(rank: int, init: str, folder: str) -> None:
         saved = save_train_state(engine, f"{folder}/actor", role="actor", group=dist.group.WORLD)
         full = engine.state_dict()  # gathered on rank 0: what a dp=1 engine must end up holding
         if rank == 0:
-            names = engine._param_names()
+            names = engine.param_names()
             torch.save({"model": full["model"], "optim": {names[i]: e for i, e in full["optimizer"]["state"].items()}},
                        f"{folder}/full.pt")
             with open(f"{folder}/saved.json", "w") as f:

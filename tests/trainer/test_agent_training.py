@@ -40,7 +40,7 @@ def test_steps_report_agent_metrics_per_turn(trained):
 
 def test_validation_runs_the_same_environment(trained):
     trainer, _, _ = trained
-    generates = [n for n in trainer._validation_plan.graph_ir().nodes if n.kind == "generate"]
+    generates = [n for n in trainer._validation_plan.graph.nodes if n.kind == "generate"]
     assert [n.attrs.env for n in generates] == ["calc", "calc"]
     assert generates[0].attrs.greedy and generates[0].attrs.max_total_tokens == 24
 

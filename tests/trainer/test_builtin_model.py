@@ -18,7 +18,7 @@ def test_a_cached_model_is_the_one_a_build_makes_and_is_copied_not_rebuilt(tmp_p
     monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))
     config = PPOConfig(seed=3)
     first = Path(setup.actor_source(config, tmp_path / "run1"))
-    cached = tmp_path / "cache" / "builtin_models" / setup._builtin_key(3)
+    cached = tmp_path / "cache" / "builtin_models" / setup.builtin_model_key(3)
     assert _files(cached) == _files(first)
     assert not filecmp.cmpfiles(cached, first, _files(first), shallow=False)[1]  # no mismatches
 
@@ -34,14 +34,14 @@ def test_a_cached_model_is_the_one_a_build_makes_and_is_copied_not_rebuilt(tmp_p
 
 
 def test_the_key_follows_seed_and_threads():
-    keys = {setup._builtin_key(0), setup._builtin_key(1)}
+    keys = {setup.builtin_model_key(0), setup.builtin_model_key(1)}
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
-        keys.add(setup._builtin_key(0))
+        keys.add(setup.builtin_model_key(0))
     finally:
         torch.set_num_threads(threads)
-    assert len(keys) == 3 and setup._builtin_key(0) == setup._builtin_key(0)
+    assert len(keys) == 3 and setup.builtin_model_key(0) == setup.builtin_model_key(0)
 
 
 def test_an_unwritable_cache_still_gives_the_model(tmp_path, monkeypatch):

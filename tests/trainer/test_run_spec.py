@@ -62,4 +62,4 @@ def test_derive_computes_the_batch_shape_and_the_models_once(fast_config, tmp_pa
     assert spec.source("actor") == inputs.actor_path
     assert spec.options.data_parallel_only and spec.cluster == local_machine().cluster()
     plan = spec.compile().plan
-    assert plan.machine == local_machine().describe() and plan.graph_ir() == graph
+    assert plan.machine == local_machine().describe() and plan.graph == graph

@@ -154,7 +154,5 @@ def lower(plan: ExecutionPlan | None, ctx: CompileContext) -> ExecutionPlan:
         PlanOp(name=n.name, kind="node", role=n.role, pool=None if n.role == CONTROLLER else UNPLACED, node=n.name,
                deps=tuple(s for s in n.sources if s not in inputs))
         for n in graph.nodes)
-    from ...graph.serialize import graph_to_dict
-
-    return ExecutionPlan(graph=graph_to_dict(graph), cluster=f"{cluster.name}:{cluster.nodes}", strategy=UNPLACED,
+    return ExecutionPlan(graph=graph, cluster=f"{cluster.name}:{cluster.nodes}", strategy=UNPLACED,
                          pools=(pool,), placements=placements, ops=ops, staleness=ctx.staleness)

@@ -22,7 +22,7 @@ STAGE_OF_KIND = {"weight_sync": 0, "generate": 0, "infer": 1, "score": 1, "compu
 
 def op_stage(plan: ExecutionPlan, op: PlanOp, graph=None) -> int:
     """The stage of ``op``; offload takes its dep's stage, onload that of the first op depending on it."""
-    graph = graph or plan.graph_ir()
+    graph = graph or plan.graph
     by_name = {o.name: o for o in plan.ops}
 
     def stage(o: PlanOp, seen: frozenset = frozenset()) -> int:
@@ -42,7 +42,7 @@ def op_stage(plan: ExecutionPlan, op: PlanOp, graph=None) -> int:
 
 def priority_order(plan: ExecutionPlan) -> tuple[PlanOp, ...]:
     """The ops in a dependency-respecting order, earliest stage first, then plan order (module docstring)."""
-    graph = plan.graph_ir()
+    graph = plan.graph
     index = {op.name: i for i, op in enumerate(plan.ops)}
     key = {op.name: (op_stage(plan, op, graph), index[op.name]) for op in plan.ops}
     waiting = {op.name: sum(1 for d in op.deps if d in index) for op in plan.ops}

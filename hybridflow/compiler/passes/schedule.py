@@ -37,7 +37,7 @@ CONTROLLER_RESOURCE = "controller"
 
 
 def _generation_ops(plan: ExecutionPlan) -> set[str]:
-    graph = plan.graph_ir()
+    graph = plan.graph
     gen = {op.name for op in plan.ops if op.kind == "node" and graph.node(op.node).kind == "generate"}
     syncs = {d for op in plan.ops if op.name in gen for d in op.deps
              if any(o.name == d and o.kind == "weight_sync" for o in plan.ops)}
@@ -49,7 +49,7 @@ def overlap_generation(plan: ExecutionPlan, k: int) -> ExecutionPlan:
     moved = _generation_ops(plan)
     if not moved:
         raise PlanError(f"staleness={k}: the graph generates nothing, so there is nothing to overlap; use staleness 0")
-    graph = plan.graph_ir()
+    graph = plan.graph
     gen_pools = {op.pool for op in plan.ops if op.name in moved and op.kind == "node"}
     for pool in sorted(gen_pools):
         sharing = [op.name for op in plan.ops if op.pool == pool and op.name not in moved]

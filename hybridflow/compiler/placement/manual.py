@@ -21,7 +21,7 @@ from ..layout import Layout, layout_problem
 from ..workload import Workload
 from .evaluate import controller_time
 from .options import group_combinations, make_candidate, role_candidates
-from .search import ScoredPlacement, _branch, _TopK, _scored, packs
+from .search import ScoredPlacement, TopK, branch_and_bound, packs, scored_placement
 
 __all__ = ["PoolSpec", "manual_placement", "placement_from_device_map"]
 
@@ -77,11 +77,11 @@ def manual_placement(workload: Workload, cluster: ClusterSpec, pools: Sequence[P
             raise PlacementError(f"pool {list(spec.roles)} on {spec.devices} devices: no layout fits in memory; give it more devices or offload")
         fronts.append(found)
         groups.append(spec.roles)
-    top = _TopK(1)
+    top = TopK(1)
     constant = controller_time(workload, cluster, options)
-    _branch(fronts, tuple(groups), cluster, constant, top, check_packing=False)
+    branch_and_bound(fronts, tuple(groups), cluster, constant, top, check_packing=False)
     ((_, (value, choice)),) = top.best.items()
-    return _scored(workload, cluster, options, choice, "manual", value)
+    return scored_placement(workload, cluster, options, choice, "manual", value)
 
 
 def placement_from_device_map(device_map: Mapping[str, str], workload: Workload):

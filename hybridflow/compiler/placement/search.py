@@ -173,7 +173,7 @@ def fixed_strategy_refusal(strategy: str, workload: Workload, cluster: ClusterSp
             "devices' memory; try 'auto', more devices, or smaller models")
 
 
-class _TopK:
+class TopK:
     """The k best distinct keys seen, with the k-th value as the pruning threshold."""
 
     def __init__(self, k: int):
@@ -207,8 +207,8 @@ def _fixed_choice(strategy, workload, cluster, options, constant):
     names = workload.role_names
     groups, sizes = zip(*sorted(zip(*alloc), key=lambda gs: names.index(gs[0][0])))
     fronts = [list(group_options(_group_roles(workload, g), s, workload.generation, cluster, options)) for g, s in zip(groups, sizes)]
-    top = _TopK(1)
-    _branch(fronts, groups, cluster, constant, top, check_packing=False)
+    top = TopK(1)
+    branch_and_bound(fronts, groups, cluster, constant, top, check_packing=False)
     if not top.best:
         return None
     ((key, (value, choice)),) = top.best.items()
@@ -227,7 +227,8 @@ def _placement_from_choice(workload, cluster, choice, strategy: str) -> Placemen
                      offload=tuple(opt.offload for _, opt in choice), strategy=strategy)
 
 
-def _scored(workload, cluster, options, choice, strategy, expected: float) -> ScoredPlacement:
+def scored_placement(workload, cluster, options, choice, strategy, expected: float) -> ScoredPlacement:
+    """The placement of a search ``choice``, evaluated; PlacementError if its cost is not the search's ``expected``."""
     placement = _placement_from_choice(workload, cluster, choice, strategy)
     cost = evaluate(placement, workload, cluster, options)
     if not math.isclose(cost.iteration_s, expected, rel_tol=1e-9):
@@ -239,12 +240,12 @@ def place_fixed(strategy: str, workload: Workload, cluster: ClusterSpec, options
     """The best layouts for a fixed strategy's groups and sizes; None when it does not apply or does not fit."""
     options = options or CostOptions()
     found = _fixed_choice(strategy, workload, cluster, options, controller_time(workload, cluster, options))
-    return None if found is None else _scored(workload, cluster, options, found[2], strategy, found[0])
+    return None if found is None else scored_placement(workload, cluster, options, found[2], strategy, found[0])
 
 
 # ---------------------------------------------------------------- branch and bound
-def _branch(cands: list[list[GroupOption]], groups, cluster: ClusterSpec, constant: float, top: _TopK,
-            check_packing: bool = True) -> None:
+def branch_and_bound(cands: list[list[GroupOption]], groups, cluster: ClusterSpec, constant: float, top: TopK,
+                     check_packing: bool = True) -> None:
     """Depth-first over one option per group; prunes with a lower bound against ``top``'s threshold."""
     k, stages = len(cands), len(STAGES)
     if any(not c for c in cands):
@@ -289,11 +290,11 @@ def search(workload: Workload, cluster: ClusterSpec, options: CostOptions | None
     start = time.perf_counter()
     options = options or CostOptions()
     constant = controller_time(workload, cluster, options)
-    top = _TopK(max(1, top_k))
+    top = TopK(max(1, top_k))
     fixed = []
     for strategy in FIXED_STRATEGIES:
         found = _fixed_choice(strategy, workload, cluster, options, constant)
-        fixed.append((strategy, None if found is None else _scored(workload, cluster, options, found[2], strategy, found[0])))
+        fixed.append((strategy, None if found is None else scored_placement(workload, cluster, options, found[2], strategy, found[0])))
         if found is not None:
             top.offer(*found)
     names = workload.role_names
@@ -303,12 +304,12 @@ def search(workload: Workload, cluster: ClusterSpec, options: CostOptions | None
         for g in groups:
             if g not in candidates:
                 candidates[g] = _group_candidates(workload, cluster, options, g)
-        _branch([candidates[g] for g in groups], groups, cluster, constant, top)
+        branch_and_bound([candidates[g] for g in groups], groups, cluster, constant, top)
     if not top.best:
         raise PlacementError(f"no placement of {', '.join(names)} fits {cluster.describe()}: every layout runs out of memory; "
                              "use more nodes, devices with more memory, or smaller models")
     ranked = sorted(top.best.values(), key=lambda vc: vc[0])
-    scored = [_scored(workload, cluster, options, choice, "auto", value) for value, choice in ranked]
+    scored = [scored_placement(workload, cluster, options, choice, "auto", value) for value, choice in ranked]
     return SearchResult(best=scored[0], runners_up=tuple(scored[1:]), fixed=tuple(fixed), seconds=time.perf_counter() - start)
 
 

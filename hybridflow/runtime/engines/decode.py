@@ -50,12 +50,13 @@ class Decoded(NamedTuple):
     """``(b, max_new_tokens)`` float32: ``log_softmax(logits / T)`` at each sampled token, 0 at padding."""
 
 
-def _cache_keyword(model: torch.nn.Module) -> str:
+def cache_keyword(model: torch.nn.Module) -> str:
     """``cache`` (transformers >= 5.x) or ``past_key_values`` (older), as the model's forward names it."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _new_cache(model: torch.nn.Module):
+def new_cache(model: torch.nn.Module):
+    """An empty transformers KV cache for ``model``'s forward (passed under :func:`cache_keyword`)."""
     from transformers.cache_utils import DynamicCache
 
     try:
@@ -95,8 +96,8 @@ def _prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torc
                                  f"(config.model_type in {sorted(LEAN_MODEL_TYPES)}, full attention, plain lm_head, "
                                  "no forward hooks); use path='auto' or 'hf'")
     device = prompt_ids.device
-    cache = _new_cache(model)
-    cache_kw = {_cache_keyword(model): cache}
+    cache = new_cache(model)
+    cache_kw = {cache_keyword(model): cache}
     attention = prompt_mask.long()
     positions = position_ids_from_mask(attention)
     out = model(input_ids=prompt_ids.long(), attention_mask=attention, position_ids=positions, use_cache=True,

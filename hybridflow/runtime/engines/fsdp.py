@@ -148,7 +148,8 @@ class FSDPTrainEngine(TrainEngine):
         return super().update(batch, loss_terms, count_reduce=count_reduce or self.sum_over_ranks)
 
     # -- state -----------------------------------------------------------------------------------
-    def _param_names(self) -> list[str]:
+    def param_names(self) -> list[str]:
+        """The parameters' names in the optimizer's order (the keys of its state)."""
         names = {id(p): n for n, p in self.module.named_parameters()}
         return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
 
@@ -156,17 +157,17 @@ class FSDPTrainEngine(TrainEngine):
         """Full model and optimizer state on rank 0 (empty tensors dicts elsewhere); a collective."""
         model = get_model_state_dict(self.module, options=_FULL)
         optim = get_optimizer_state_dict(self.module, self.optimizer, options=_FULL)
-        index = {name: i for i, name in enumerate(self._param_names())}
+        index = {name: i for i, name in enumerate(self.param_names())}
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
                   for g in optim.get("param_groups", ())]
         state = {index[name]: entry for name, entry in optim.get("state", {}).items()}
         return {"model": model, "optimizer": {"state": state, "param_groups": groups},
-                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self._shuffle.get_state()}
+                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self.shuffle_generator.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load full tensors (the same on every rank); each rank keeps its shard. A collective."""
         set_model_state_dict(self.module, dict(state["model"]), options=StateDictOptions(full_state_dict=True))
-        names = self._param_names()
+        names = self.param_names()
         saved = state["optimizer"]
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]}
                   for g in saved["param_groups"]]
@@ -174,7 +175,7 @@ class FSDPTrainEngine(TrainEngine):
         set_optimizer_state_dict(self.module, self.optimizer, optim, options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
         if "shuffle_rng" in state:
-            self._shuffle.set_state(state["shuffle_rng"])
+            self.shuffle_generator.set_state(state["shuffle_rng"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor)`` of every parameter and buffer (a LoRA module: of its adapters), gathered one at a

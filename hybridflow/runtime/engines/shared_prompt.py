@@ -87,13 +87,13 @@ def shared_response_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, 
     hidden = getattr(getattr(backbone, "config", None), "hidden_size", None)
     if groups is None or (prompt_ids.shape[0] - len(groups[0])) * prompt_ids.shape[-1] < min_saved_positions(hidden):
         return None
-    from .decode import _cache_keyword, _new_cache
+    from .decode import cache_keyword, new_cache
 
     first, inverse = groups
-    cache = _new_cache(backbone)
+    cache = new_cache(backbone)
     if response_ids.shape[-1] > 1 and not hasattr(cache, "reorder_cache"):
         return None
-    keyword = _cache_keyword(backbone)
+    keyword = cache_keyword(backbone)
     unique_mask = prompt_mask[first].long()
     out = backbone(input_ids=prompt_ids[first].long(), attention_mask=unique_mask,
                    position_ids=position_ids_from_mask(unique_mask), use_cache=True, **{keyword: cache})

@@ -76,7 +76,8 @@ class TrainEngine:
         self.metric_prefix = metric_prefix
         self.optimizer = build_optimizer(self.module.parameters(), self.config)
         self.scheduler = TrainingStepSchedule(self.optimizer, self.config)
-        self._shuffle = torch.Generator().manual_seed(self.config.seed)
+        self.shuffle_generator = torch.Generator().manual_seed(self.config.seed)
+        """Orders the samples into mini-batches at each update (``config.shuffle``); checkpointed with the engine."""
         self.is_value_model = hasattr(self.module, "response_values")
 
     # ------------------------------------------------------------------ inference
@@ -107,7 +108,7 @@ class TrainEngine:
         temperature = self.config.temperature if temperature is None else temperature
         self._mode(training=False)
         tensors, width = trim_response_width(self._tensors(batch, SEQUENCE_FIELDS, "compute_log_probs"))
-        micro, groups = self._micro_batches(tensors)
+        micro, groups = self.micro_batches(tensors)
         parts = [self._lm_outputs(t, with_entropy=False, temperature=temperature)["log_probs"].cpu() for t in micro]
         out = restore_row_order(parts[:len(groups)], groups)  # stand-ins' outputs dropped
         return torch.nn.functional.pad(out, (0, width - out.shape[-1]))  # 0 past the longest response
@@ -118,7 +119,7 @@ class TrainEngine:
         if not self.is_value_model:
             raise OpError("compute_values needs a ValueModel; this engine trains a causal LM (use compute_log_probs)")
         self._mode(training=False)
-        micro, groups = self._micro_batches(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))
+        micro, groups = self.micro_batches(self._tensors(batch, SEQUENCE_FIELDS, "compute_values"))
         parts = [self._value_outputs(t)["value_preds"].cpu() for t in micro]
         return restore_row_order(parts[:len(groups)], groups)
 
@@ -205,7 +206,7 @@ class TrainEngine:
         self._drop_gradients()
         pending: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
         contributing = self._rows_that_contribute(mini, terms)
-        micro_batches, groups = self._micro_batches(contributing, stand_ins_from=mini)
+        micro_batches, groups = self.micro_batches(contributing, stand_ins_from=mini)
         mini = contributing
         for index, micro in enumerate(micro_batches):
             share = count_tokens(micro["response_mask"]).float() / local_tokens
@@ -306,14 +307,14 @@ class TrainEngine:
     def _mini_batches(self, tensors: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
         size = len(tensors["response_mask"])
         if self.config.shuffle:
-            order = torch.randperm(size, generator=self._shuffle).to(self.device)
+            order = torch.randperm(size, generator=self.shuffle_generator).to(self.device)
             tensors = {k: v.index_select(0, order) for k, v in tensors.items()}
         step = self.config.mini_batch_size or size
         for start in range(0, size, step):
             yield {k: v[start:start + step] for k, v in tensors.items()}
 
-    def _micro_batches(self, tensors: dict[str, torch.Tensor], *, stand_ins_from: dict[str, torch.Tensor] | None = None
-                       ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
+    def micro_batches(self, tensors: dict[str, torch.Tensor], *, stand_ins_from: dict[str, torch.Tensor] | None = None
+                      ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
         """The micro-batches of ``tensors`` and their row indices (:mod:`.micro_batches`).
 
         As many micro-batches as :meth:`_agree_micro_batch_count` says: more rows split, then stand-ins
@@ -349,7 +350,7 @@ class TrainEngine:
         """Model (a LoRA module: its adapters), optimizer and schedule state (the schedule's under ``"scheduler"``)."""
         model = adapter_state(self.module) if is_lora(self.module) else self.module.state_dict()
         return {"model": model, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self._shuffle.get_state()}
+                "scheduler": self.scheduler.state_dict(), "shuffle_rng": self.shuffle_generator.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
@@ -360,7 +361,7 @@ class TrainEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if "shuffle_rng" in state:
-            self._shuffle.set_state(state["shuffle_rng"])
+            self.shuffle_generator.set_state(state["shuffle_rng"])
 
     def move_states(self, items: Sequence[str], device: torch.device) -> None:
         """Move ``params`` (the module) and/or ``optimizer`` (Adam moments; ``step`` counters stay) to ``device``."""

@@ -137,22 +137,26 @@ class RayExecutor(PlanExecutor):
             ).remote(slot, specs, timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
         try:
             bundles = self._reservation.bundles
-            devices = self._get_all({s.name: self.actor(s).probe.remote(self._reservation.uses_gpu(s.pool),
+            devices = self.get_all({s.name: self.actor(s).probe.remote(self._reservation.uses_gpu(s.pool),
                                                                        tuple(o["pin_cpus"].get(s.pool, ())),
                                                                        max(1, int(bundles[s.pool]["CPU"])))
                                      for s in self.topology.slots}, "start", o["setup_timeout_s"])
             groups = {name: (ranks, group_backend(ranks, self.topology, devices))
                       for name, ranks in self.topology.groups.items()}
             first = next(s for s in self.topology.slots if s.global_rank == 0)
-            init = self._get_all({first.name: self.actor(first).rendezvous.remote()}, "rendezvous",
+            init = self.get_all({first.name: self.actor(first).rendezvous.remote()}, "rendezvous",
                                  o["setup_timeout_s"])[first.name]
             refs = {s.name: self.actor(s).setup.remote(init, self.topology.world_size, groups) for s in self.topology.slots}
-            self.slot_info = self._get_all(refs, "set-up", o["setup_timeout_s"])
+            self.slot_info = self.get_all(refs, "set-up", o["setup_timeout_s"])
         except BaseException:
             self.shutdown()
             raise
 
-    def _get_all(self, refs: Mapping[str, Any], what: str, timeout_s: float) -> dict[str, Any]:
+    def get_all(self, refs: Mapping[str, Any], what: str, timeout_s: float) -> dict[str, Any]:
+        """Wait up to ``timeout_s`` for every ref (slot name -> Ray object ref); slot name -> its value.
+
+        A ref late past the timeout is an ExecutionError naming the slots; a slot's failure the project error
+        naming ``what`` (WorkerLostError when its process died)."""
         slots = {s.name: s for s in self.topology.slots}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         if len(ready) < len(refs):
@@ -172,7 +176,7 @@ class RayExecutor(PlanExecutor):
     def restart(self) -> None:
         """Kill every slot and start a fresh worker group (engines rebuilt from the specs); the slots of a plan node
         whose Ray node left the cluster go to a node that replaced it (:func:`.cluster.replace_lost_nodes`)."""
-        self._ahead = None
+        self.ahead = None
         self._stop_workers()
         deadline = time.monotonic() + self._options["setup_timeout_s"]
         for attempt in itertools.count():
@@ -236,7 +240,7 @@ class RayExecutor(PlanExecutor):
         split = split_for_ranks(call.method, call.batch, len(slots),
                                 balance_tokens=balances_tokens(self.specs.get(call.role)))
         refs = {s.name: self.actor(s).run.remote(call.method, call.role, part, call.args) for s, part in zip(slots, split.parts)}
-        results = self._get_all(refs, f"{call.method} of role {call.role!r} on pool {pool!r}", self.request_timeout_s)
+        results = self.get_all(refs, f"{call.method} of role {call.role!r} on pool {pool!r}", self.request_timeout_s)
         return merge_results(call.method, split, [results[s.name][0] for s in slots])
 
     @property
@@ -245,24 +249,24 @@ class RayExecutor(PlanExecutor):
         return {pool.name: RemoteWorker(self, pool.name) for pool in self.plan.pools}
 
     # -- the transport: Ray object refs ---------------------------------------------------------------
-    def _send(self, slot: Slot, method: str, *args) -> Any:
+    def send(self, slot: Slot, method: str, *args) -> Any:
         return getattr(self.actor(slot), method).remote(*args)
 
-    def _wait(self, refs: list, timeout: float) -> None:
+    def wait(self, refs: list, timeout: float) -> None:
         ray.wait(refs, num_returns=1, timeout=timeout)
 
-    def _ready(self, refs: list) -> list[bool]:
+    def ready(self, refs: list) -> list[bool]:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         ready_ids = {id(r) for r in ready}
         return [id(r) in ready_ids for r in refs]
 
-    def _fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
+    def fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
         try:
             return ray.get(ref)
         except Exception as err:
             raise self._failure(what, slot, err) from None
 
-    def _check_running(self) -> None:
+    def check_running(self) -> None:
         if not self._actors:
             raise ExecutionError("the executor's workers are stopped (shutdown); create a new RayExecutor")
 

@@ -44,7 +44,7 @@ def _on_ranks(executor: "RayExecutor", pool: str, method: str, args: tuple, *, a
     slots = executor.topology.pool_slots(pool)
     targets = slots if all_ranks else slots[:1]
     refs = {s.name: getattr(executor.actor(s), method).remote(*args) for s in targets}
-    results = executor._get_all(refs, f"{method} on pool {pool!r}", executor.request_timeout_s)
+    results = executor.get_all(refs, f"{method} on pool {pool!r}", executor.request_timeout_s)
     return [results[s.name] for s in targets]
 
 

@@ -79,7 +79,7 @@ def test_a_rank_with_fewer_micro_batches_splits_them_and_runs_stand_ins_without_
         config = TrainEngineConfig(lr=1.0, eps=1.0, weight_decay=0.0, max_grad_norm=None, precision="fp32",
                                    max_tokens_per_micro_batch=15, pack_sequences=True)
         engine = cls(copy.deepcopy(model), config)
-        micro, groups = engine._micro_batches(batch)
+        micro, groups = engine.micro_batches(batch)
         assert len(micro) == 3 + (cls.extra if cls is _BusierPeers else 0)
         results[cls] = engine.compute_log_probs(batch), engine.update(batch, TERMS), engine.module.state_dict()
     (lp, metrics, weights), (lp2, metrics2, weights2) = results[TrainEngine], results[_BusierPeers]

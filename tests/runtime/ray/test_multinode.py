@@ -105,7 +105,7 @@ def test_a_dp2_checkpoint_resumes_at_dp1(cluster, ppo_dp2, tmp_path):
     order = saved.state["engines"]["actor"]["param_groups"][0]["params"]  # optimizer order, by name
     resumed = PPOTrainer(config=_config(cluster, trainer.output_dir, placement="actor+critic+ref@1", max_steps=3))
     try:
-        resumed._prepare()
+        resumed.prepare()
         assert resumed.resumed_from == trainer.last_checkpoint
         assert [len(p.devices) for p in resumed.plan.pools if p.name == "pool0"] == [1]
         state = resumed.role_engines("actor").train.state_dict()  # the dp=1 engine's whole state, fetched to check
@@ -125,8 +125,9 @@ class KillNodeInStep:
     before it is sent (mid-step: that step's generation and scoring are done), and a new raylet joins
     (before the update is sent: the time to detect the loss counts from the kill, so includes the join)."""
 
-    def __init__(self, cluster, trainer, step: int, pool: str = "pool0"):
-        self.cluster, self.trainer, self.step, self.pool = cluster, trainer, step, pool
+    def __init__(self, cluster, step: int, pool: str = "pool0"):
+        self.cluster, self.step, self.pool = cluster, step, pool
+        self.trainer = None  # the trainer it is a tracker of (set once that exists)
         self.killed_at: float | None = None
         self.node_id: str | None = None
 
@@ -134,7 +135,7 @@ class KillNodeInStep:
         if step != self.step:
             return
         executor = self.trainer.executor
-        send = executor._send
+        send = executor.send
 
         def send_and_kill(slot, method, *args):
             if self.killed_at is None and method == "run" and args[0] == "update":
@@ -144,10 +145,10 @@ class KillNodeInStep:
                 self.killed_at = time.perf_counter()
                 self.cluster.workers.append(self.cluster.add_node(num_cpus=1))  # a machine that joins to replace it
                 TIMINGS["a raylet joins"] = time.perf_counter() - self.killed_at
-                executor._send = send
+                executor.send = send
             return send(slot, method, *args)
 
-        executor._send = send_and_kill
+        executor.send = send_and_kill  # the executor's transport (PlanExecutor.send), wrapped for this one call
 
     def close(self):
         pass
@@ -173,11 +174,11 @@ def test_a_lost_node_is_named_and_the_run_resumes_from_its_checkpoint(cluster, t
         if reference.executor is not None:
             reference.executor.shutdown()
 
-    trainer = GRPOTrainer(config=_config(cluster, tmp_path / "killed", max_restarts=1, **settings))
-    killer = KillNodeInStep(cluster, trainer, step=2)
-    trainer._trackers = [killer]
+    killer = KillNodeInStep(cluster, step=2)
+    trainer = GRPOTrainer(config=_config(cluster, tmp_path / "killed", max_restarts=1, **settings), trackers=[killer])
+    killer.trainer = trainer
     errors: list[tuple[WorkerLostError, float]] = []
-    recover = trainer._recover
+    recover = trainer.recover
 
     def timed_recover(err, used):
         errors.append((err, time.perf_counter()))
@@ -185,7 +186,7 @@ def test_a_lost_node_is_named_and_the_run_resumes_from_its_checkpoint(cluster, t
         TIMINGS["restart + resume after the lost node"] = time.perf_counter() - errors[-1][1]
         return restarted
 
-    trainer._recover = timed_recover
+    trainer.recover = timed_recover
     try:
         got = trainer.train()
         moved_to = trainer.executor.plan.nodes[1]
