@@ -46,6 +46,7 @@ from hybridflow.data import create_tiny_model_dir, load_causal_lm, load_tokenize
 from hybridflow.data.datasets import write_prompt_dataset
 from hybridflow.data.tasks.agent_calc import call_format_segments, direct_answer_segments, make_sum3_rows
 from hybridflow.trainer import Trainer
+from hybridflow.trainer.metrics import format_curve, learning_curve
 from hybridflow.trainer.warmup import turns_warmup
 
 
@@ -106,18 +107,11 @@ def main(argv=None) -> dict:
     trainer = Trainer(config, algorithm="grpo" if args.no_tool else agent_grpo)
     history = trainer.train()
 
-    curve, elapsed = [], 0.0  # (step, seconds of RL so far, held-out greedy accuracy)
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        metrics = json.loads(line)
-        elapsed += metrics.get("timing_s/step", 0.0)
-        if "val/score/greedy" in metrics:
-            curve.append((metrics["step"], round(elapsed, 1), metrics["val/score/greedy"]))
-    print("\nstep  train_s  greedy_accuracy")
-    for step, seconds, acc in curve:
-        print(f"{step:5d}  {seconds:7.1f}  {acc:.2f}  {'#' * round(acc * 40)}")
+    curve = learning_curve(out / "metrics.jsonl")  # (step, seconds of RL steps so far, greedy accuracy)
+    print("\n" + format_curve(curve))
     summary = {"tool": not args.no_tool, "seed": args.seed, "initial_accuracy": curve[0][2] if curve else None,
                "final_accuracy": curve[-1][2] if curve else None, "steps": len(history),
-               "rl_s": round(elapsed, 1), "wall_s": round(time.perf_counter() - start, 1), "curve": curve}
+               "rl_s": curve[-1][1] if curve else 0.0, "wall_s": round(time.perf_counter() - start, 1), "curve": curve}
     (out / "curve.json").write_text(json.dumps(summary, indent=1))
     print(f"\ngreedy accuracy {summary['initial_accuracy']} -> {summary['final_accuracy']} after {len(history)} steps, "
           f"{summary['wall_s']} s wall in all")

@@ -48,6 +48,7 @@ import torch
 from hybridflow import PPOConfig
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.trainer import Trainer
+from hybridflow.trainer.metrics import format_curve, learning_curve
 from hybridflow.data import create_tiny_model_dir, load_causal_lm, load_tokenizer
 from hybridflow.data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
 from hybridflow.trainer.run_command import report_errors, stopped_status
@@ -109,15 +110,8 @@ def main(argv=None) -> dict:
     trainer = Trainer(config, algorithm=args.algorithm)  # the reference model of the KL loss is the warmed-up model
     history = trainer.train()
 
-    curve, elapsed = [], 0.0  # (step, seconds of RL steps so far, greedy accuracy), from the metrics log
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        metrics = json.loads(line)
-        elapsed += metrics.get("timing_s/step", 0.0)
-        if "val/score/greedy" in metrics:
-            curve.append((metrics["step"], round(elapsed, 1), metrics["val/score/greedy"]))
-    print("\nstep  train_s  greedy_accuracy")
-    for step, seconds, acc in curve:
-        print(f"{step:5d}  {seconds:7.1f}  {acc:.2f}  {'#' * round(acc * 40)}")
+    curve = learning_curve(out / "metrics.jsonl")  # (step, seconds of RL steps so far, greedy accuracy)
+    print("\n" + format_curve(curve))
     summary = {"final_accuracy": curve[-1][2] if curve else None, "steps": len(history),
                "wall_s": round(time.perf_counter() - start, 1), "curve": curve}
     (out / "curve.json").write_text(json.dumps(summary, indent=1))

@@ -201,6 +201,23 @@ def recorded_history(path: str | Path, last_step: int) -> list[dict[str, float]]
     return [steps[s] for s in sorted(steps)]
 
 
+def learning_curve(path: str | Path, key: str = "val/score/greedy") -> list[tuple[int, float, float]]:
+    """``(step, seconds of training steps so far, value of key)`` at each record of ``path`` (a run's
+    ``metrics.jsonl``) that has ``key``: the learning curve the example scripts print."""
+    curve, elapsed = [], 0.0
+    for record in filter(None, map(_record, Path(path).read_text(encoding="utf-8").splitlines())):
+        elapsed += record.get("timing_s/step", 0.0)
+        if key in record:
+            curve.append((record["step"], round(elapsed, 1), record[key]))
+    return curve
+
+
+def format_curve(curve: Iterable[tuple[int, float, float]], name: str = "greedy_accuracy") -> str:
+    """The curve as a table with a bar per row (values in [0, 1])."""
+    rows = [f"{step:5d}  {seconds:7.1f}  {value:.2f}  {'#' * round(value * 40)}" for step, seconds, value in curve]
+    return "\n".join([f"step  train_s  {name}", *rows])
+
+
 def _record(line: str) -> dict | None:
     """The JSON record on ``line``, or None when it is not one (a cut or garbled line)."""
     try:
