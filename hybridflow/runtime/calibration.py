@@ -165,16 +165,18 @@ def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", thre
 
     from .threads import OtherLoad, busy_cores
 
-    config, _ = load_model_config(model)
+    config, source = load_model_config(model)
     used_threads = threads if threads is not None else torch.get_num_threads()
     key = profile_key(config, device, used_threads, **settings)
     busy = busy_cores() if busy is None else busy
     file = cache_dir() / f"{key}-load{load_level(busy)}.json"
     if cache and file.is_file():
         try:
-            return Profile.from_json(file.read_text(encoding="utf-8")), True
+            stored = Profile.from_json(file.read_text(encoding="utf-8"))
         except ValueError:
             pass  # a stale or broken entry: measure again and overwrite it
+        else:  # the cache is keyed by the model's config: it is this model's profile, whichever folder measured it
+            return stored.model_copy(update={"source": source}), True
     meter = OtherLoad()
     profile = profile_model(model, device=device, threads=used_threads, **settings)
     during = meter.cores()
