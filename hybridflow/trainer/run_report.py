@@ -71,7 +71,7 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
             for path in (trace, timing):
                 _keep_earlier(path, trainer.written_artifacts)
             # one track per worker on Ray (trace_spans), one per device locally
-            paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), trace)
+            paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), trace, beside=trainer.executor.side_spans)
             spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
             table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
             timing.write_text(table + "\n")
