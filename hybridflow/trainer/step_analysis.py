@@ -215,12 +215,12 @@ CAUSES: tuple[Cause, ...] = (
     Cause("uncalibrated model", lambda op, ctx: not ctx.calibrated,
           "uncalibrated model: the plan was priced with datasheet figures (calibrate=false, or models that are not "
           "local folders); calibrate=true fits the cost model to this machine"),
-    Cause("contention", _noisy,
-          "contention: its time varied {factor:.1f}-fold over the iterations (other processes on the same cores, "
-          "or ops of other pools running at the same time)"),
     Cause("machine slower than calibrated", _uniform,
           "the whole step is slower than predicted by about the same factor: the machine was busier (or slower) "
           "than when it was calibrated; a run calibrated under the same load predicts it"),
+    Cause("contention", _noisy,
+          "contention: its time varied {factor:.1f}-fold over the iterations (other processes on the same cores, "
+          "or ops of other pools running at the same time)"),
     Cause("cost rule", lambda op, ctx: True,
           "the cost rule of this kind of op misprices it at this size (see docs/cost_model.md); "
           "`hybridflow profile` shows the calibrated factors"),
