@@ -153,6 +153,10 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
         step = next(line for line in table.splitlines() if line.startswith("step "))
         pred, meas, ratio = step.split()[1:4]
         lines.append(f"step time:  predicted {pred} s, measured {meas} s (ratio {ratio}); per op: {artifacts['timing']}")
+    if trainer.determinism:
+        lines.append(f"determinism: {trainer.determinism}")
+    if trainer.config.record_hashes:
+        lines.append(f"hashes:     {out / 'hashes.jsonl'} (compare runs: hybridflow diff {out} OTHER_RUN)")
     if trainer.last_checkpoint is not None:
         lines.append(f"checkpoint: {trainer.last_checkpoint}")
         lines.append(f"export:     hybridflow export {trainer.last_checkpoint} --to {out / 'hf_model'}")
