@@ -80,7 +80,7 @@ def tensor_digest(tensor) -> str:
 class ValueHashes:
     """Appends each step's digests to ``path`` (``hashes.jsonl``) for the nodes of ``plan``: the graph's inputs
     first, then the nodes in plan order, each tensor field in name order (module docstring). A fresh run starts the
-    file anew; a resumed one (``resume_step``) keeps the lines of the steps up to it and drops the others, which it
+    file anew (an earlier run's is kept as ``hashes.1.jsonl``, ...); a resumed one (``resume_step``) keeps the lines of the steps up to it and drops the others, which it
     runs again (:meth:`rewind` after a restart does the same)."""
 
     def __init__(self, path: Path, *, plan, resume_step: int | None = None):
@@ -88,12 +88,21 @@ class ValueHashes:
         self.order = [i.name for i in plan.graph.inputs] + list(dict.fromkeys(op.node for op in plan.ops if op.node))
         self.pools = {op.node: op.pool for op in plan.ops if op.node}
         if resume_step is None:
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as err:
-                raise WriteError("the value hashes cannot be written", err, path) from None
+            self._set_aside()
         else:
             self.rewind(resume_step)
+
+    def _set_aside(self) -> None:
+        """A fresh run in a folder an earlier run wrote hashes in: keep them as ``hashes.<n>.jsonl`` (the first free n)."""
+        if not self.path.is_file():
+            return
+        number = 1
+        while (aside := self.path.with_name(f"{self.path.stem}.{number}{self.path.suffix}")).exists():
+            number += 1
+        try:
+            os.replace(self.path, aside)
+        except OSError as err:
+            raise WriteError("the earlier run's value hashes cannot be set aside", err, self.path) from None
 
     def rewind(self, step: int) -> None:
         """Drop the lines of the steps after ``step``."""

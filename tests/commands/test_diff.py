@@ -85,8 +85,8 @@ def test_a_resumed_run_keeps_the_hashes_of_the_steps_before_it(tmp_path):
                             for s in (1, 2, 3)) + '{"step": 4, "no')  # a line cut by the interruption
     ValueHashes(path, plan=plan, resume_step=2)
     assert [r.step for r in read_hashes(tmp_path)] == [1, 2]
-    ValueHashes(path, plan=plan)  # a fresh run starts anew
-    assert not path.exists()
+    ValueHashes(path, plan=plan)  # a fresh run starts anew, and keeps the earlier run's aside
+    assert not path.exists() and [json.loads(line)["step"] for line in (tmp_path / "hashes.1.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def _run(fast_config, name: str, order: str, **overrides):
