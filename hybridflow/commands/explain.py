@@ -22,7 +22,7 @@ import math
 import statistics
 from pathlib import Path
 
-__all__ = ["add_arguments", "run", "explain_lines", "recompile_lines"]
+__all__ = ["add_arguments", "run", "explain_lines", "recompile_lines", "recompiled_lines"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,23 +107,30 @@ def recompile_lines(run_dir: Path, plan, measured_step_s: float | None) -> list[
     """Section 4: the run's config compiled again now, here (:func:`~hybridflow.trainer.recompile.recompile_run`)."""
     from ..trainer.recompile import recompile_run
     from ..trainer.run_folder import read_run_config
+
+    return recompiled_lines(recompile_run(read_run_config(run_dir), plan), plan, measured_step_s)
+
+
+def recompiled_lines(now, plan, measured_step_s: float | None) -> list[str]:
+    """Section 4's text for ``now`` (a :class:`~hybridflow.trainer.recompile.Recompiled`) against the run's ``plan``."""
     from .compile import placement_lines
 
-    now = recompile_run(read_run_config(run_dir), plan)
     figures = "calibrated on this machine now" if now.calibrated else "datasheet figures (the models are not local folders)"
     lines = [f"what the cost model would choose now ({figures}; the run's config and batch):"]
     lines += ["  " + line for line in placement_lines(now.plan)]
     new_s, old_s = now.plan.predicted_iteration_s or 0.0, plan.predicted_iteration_s or 0.0
-    if now.run_placement_now_s is None and now.run_placement_problem is None:
-        lines.append(f"  the same placement as the run's: no gain from compiling again (the run's plan predicted "
-                     f"{old_s:.4f} s; priced now {new_s:.4f} s" + (f", measured {measured_step_s:.4f} s)" if measured_step_s else ")"))
-    elif now.run_placement_now_s is not None:
+    measured = f", measured {measured_step_s:.4f} s" if measured_step_s else ""
+    if now.run_placement_now_s is not None:
         then = now.run_placement_now_s
-        lines.append(f"  the run's placement priced now: {then:.4f} s per step; the new choice: {new_s:.4f} s, "
-                     f"a predicted gain of x{then / new_s if new_s else float('nan'):.2f} ({then - new_s:+.4f} s per step)")
+        lines.append(f"  the run's placement ({plan.strategy}) priced now: {then:.4f} s per step; the new choice: "
+                     f"{new_s:.4f} s, a predicted gain of x{then / new_s if new_s else float('nan'):.2f} "
+                     f"({then - new_s:+.4f} s per step; the run's plan predicted {old_s:.4f} s{measured})")
+    elif now.run_placement_problem is not None:
+        lines.append(f"  the run's placement cannot be priced now ({now.run_placement_problem}); the run's plan "
+                     f"predicted {old_s:.4f} s at its compile{measured}")
     else:
-        lines.append(f"  the run's placement cannot be priced now ({now.run_placement_problem}); the run's plan predicted "
-                     f"{old_s:.4f} s at its compile")
+        lines.append(f"  the same placement as the run's: no gain from compiling again (the run's plan predicted "
+                     f"{old_s:.4f} s; priced now {new_s:.4f} s{measured})")
     return lines
 
 
