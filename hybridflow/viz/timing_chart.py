@@ -39,7 +39,7 @@ def _decades(rows: Sequence[TimingRow]) -> tuple[int, int]:
     values = [v for r in rows for v in (r.predicted_s, r.median_s, r.low_s, r.high_s) if v is not None and v > 0]
     if not values:
         return -4, 0
-    return math.floor(math.log10(min(values))), math.ceil(math.log10(max(values))) or 1
+    return math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
 
 
 def timing_chart_svg(rows: Sequence[TimingRow], *, title: str) -> str:
@@ -87,7 +87,7 @@ def timing_chart_svg(rows: Sequence[TimingRow], *, title: str) -> str:
     out.append(_text(LABEL_W + 18, legend_y, "predicted (plan.json)", 10))
     out.append(f'<rect x="{LABEL_W + 150}" y="{legend_y - 9}" width="14" height="8" fill="{MEASURED}"/>')
     out.append(_text(LABEL_W + 168, legend_y, "measured median, whisker: spread (trace.json)", 10))
-    out.append(_text(8, legend_y, "\u25cf on the critical path; xR = measured / predicted", 10))
+    out.append(_text(LABEL_W, legend_y + 16, "\u25cf on the critical path; xR = measured / predicted", 10))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
