@@ -74,11 +74,12 @@ class OpTiming:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """The step: predicted (the plan's makespan) against each iteration's first op start to last op end."""
+    """The step: predicted (the plan's makespan) against each step's first op start to last op end (:func:`step_timing`)."""
 
     predicted_s: float
     measured_s: tuple[float, ...]
     iterations: tuple[int, ...]
+    """The steps measured: the ``run_iteration`` calls (the iterations, at staleness 0)."""
 
     @property
     def median_s(self) -> float | None:
@@ -103,13 +104,21 @@ def op_timings(plan, spans: Iterable[Span]) -> list[OpTiming]:
 
 
 def step_timing(plan, spans: Iterable[Span]) -> StepTiming:
-    """The plan's predicted step against each iteration's span from its first op start to its last op end."""
-    bounds: dict[int, tuple[float, float]] = {}
+    """The plan's predicted step against each step's measured one: from the first start of the ops sent during one
+    ``run_iteration`` call (a span's ``call``; its iteration in a trace without calls) to the last end among those
+    the call waits for. With staleness 1 a call also starts the next step's generation (ops with an
+    ``iteration_offset``), which runs on while the next call trains: it opens the step, it does not close it; and a
+    call that sent only such ops (the warm-up's, whose own iteration is left out) is no step."""
+    ahead = {op.name for op in plan.ops if op.iteration_offset}
+    bounds: dict[int, list] = {}
     for span in spans:
-        first, last = bounds.get(span.iteration, (span.start, span.end))
-        bounds[span.iteration] = (min(first, span.start), max(last, span.end))
-    iterations = tuple(sorted(bounds))
-    return StepTiming(plan.predicted_iteration_s or 0.0, tuple(bounds[i][1] - bounds[i][0] for i in iterations), iterations)
+        key = span.call if span.call is not None else span.iteration
+        bound = bounds.setdefault(key, [math.inf, -math.inf])
+        bound[0] = min(bound[0], span.start)
+        if span.op not in ahead:
+            bound[1] = max(bound[1], span.end)
+    steps = tuple(k for k in sorted(bounds) if bounds[k][1] > -math.inf)
+    return StepTiming(plan.predicted_iteration_s or 0.0, tuple(bounds[k][1] - bounds[k][0] for k in steps), steps)
 
 
 @dataclass(frozen=True)

@@ -178,3 +178,31 @@ def test_explain_a_tiny_run(fast_config, capsys):
     assert "what the cost model would choose now" in text and "  placement " in text
     svg = (out / "explain.svg").read_text()
     assert svg.startswith("<svg") and all(op.name in svg for op in trainer.plan.ops)
+
+
+def test_with_staleness_a_step_is_a_call_and_the_next_steps_generation_does_not_close_it():
+    import warnings
+
+    from hybridflow.compiler.compile import compile
+
+    with warnings.catch_warnings():  # no importance-sampling correction in GRPO's graph: a warning, not the point
+        warnings.simplefilter("ignore")
+        plan = compile(ALGORITHMS["grpo"].build(), "a100-80g:1", {"actor": "qwen2.5-0.5b", "reward": "rule"},
+                       placement="actor+ref@4;actor.generate@4", staleness=1,
+                       batch=BatchShape(prompts=64, prompt_len=256, response_len=256))
+    assert {op.name for op in plan.ops if op.iteration_offset} == {"actor.weight_sync", "actor.generate"}
+    spans = []
+    for call in range(4):  # call c trains iteration c and starts the generation of iteration c + 1, which runs 4.9 s
+        o = 100.0 * call
+        rows = [("actor.weight_sync", "pool0", 0.0, 0.1, 1), ("actor.generate", "pool1", 0.1, 5.0, 1),
+                ("reward.score", "host", 0.0, 0.01, 0), ("grpo_advantage", "controller", 0.01, 0.02, 0),
+                ("actor.logprob", "pool0", 0.1, 0.6, 0), ("ref.logprob", "pool0", 0.6, 1.1, 0),
+                ("actor.update", "pool0", 1.1, 3.1, 0)]
+        spans += [Span(op, None if op.endswith("sync") else op, "node", "actor", pool, o + a, o + b, call + ahead, call=call)
+                  for op, pool, a, b, ahead in rows]
+    spans = iteration_spans(plan, spans)
+    step = step_timing(plan, spans)
+    # call 0 (the warm-up) sent only iteration 1's generation once iteration 0 is left out: no step
+    assert step.iterations == (1, 2, 3) and step.median_s == pytest.approx(3.1)
+    generate = next(t for t in op_timings(plan, spans) if t.name == "actor.generate")
+    assert generate.measured_s == pytest.approx((4.9,) * 4)  # iterations 1..4, sent in calls 0..3
