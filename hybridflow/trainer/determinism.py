@@ -54,7 +54,12 @@ def check_determinism(config, algorithm: Any, *, reward: Any = None) -> str:
         trainer = Trainer(twin, algorithm=algorithm)
         if reward is not None:
             trainer.set_reward_model(reward)
-        trainer.train()
+        try:
+            trainer.train()
+        finally:  # a twin on Ray gives its workers (and the Ray it started) back before the next one, and the run
+            shutdown = getattr(trainer.executor, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
     verdict, same = determinism_verdict(*folders, steps)
     (log.info if same else log.warning)("check_determinism: %s", verdict)
     try:
