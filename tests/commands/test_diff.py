@@ -12,7 +12,7 @@ from hybridflow import cli
 from hybridflow.commands.diff import diff_lines
 from hybridflow.trainer import Trainer
 from hybridflow.trainer.run_diff import Difference, first_divergence, mapping_differences
-from hybridflow.trainer.run_folder import HashRecord, read_hashes
+from hybridflow.trainer.run_folder import HashRecord, read_environment, read_hashes
 from hybridflow.trainer.run_record import ValueHashes, tensor_digest
 
 
@@ -103,6 +103,9 @@ def test_diff_names_the_step_and_edge_of_a_planted_float_order_change(fast_confi
     assert "config: 1 difference(s)\n  config.algorithm_args.order: left -> right" in text
     assert "graph: 1 difference(s)\n  graph.ordered_score.attrs.order: left -> right" in text
     assert "plan: same" in text and "environment: same" in text
+    environment = read_environment(left)
+    assert environment["packages"]["torch"] == torch.__version__ and environment["torch_threads"] == 1
+    assert environment["python"] and environment["devices"]
     # the same seed: prompts, generation, log-probs and rewards agree; the reordered sum is the first to differ
     assert "values: first differ at step 1, `ordered_score.scores` (controller)" in text
     assert cli.main(["diff", str(left), str(left)]) == 0
