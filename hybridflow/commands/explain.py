@@ -136,6 +136,7 @@ def recompiled_lines(now, plan, measured_step_s: float | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..algorithms.resolve import import_modules
+    from ..errors import RunFolderError
     from ..trainer.run_folder import iteration_spans, read_run_plan, read_run_spans, read_step_times
     from ..trainer.run_report import quiet_libraries
     from ..trainer.step_analysis import step_timing
@@ -147,11 +148,16 @@ def run(args: argparse.Namespace) -> int:
     spans = iteration_spans(plan, read_run_spans(run_dir))
     lines, rows = explain_lines(plan, spans, read_step_times(run_dir), top=args.top)
     print("\n".join(lines), flush=True)
-    if not args.no_compile:
-        quiet_libraries()
-        print("\n" + "\n".join(recompile_lines(run_dir, plan, step_timing(plan, spans).median_s)), flush=True)
     if rows:
         svg = Path(args.svg) if args.svg else run_dir / "explain.svg"
         write_timing_chart(rows, svg, title=f"{plan.graph.name}: predicted vs measured per op ({run_dir.name})")
+    if not args.no_compile:
+        quiet_libraries()
+        try:
+            section = recompile_lines(run_dir, plan, step_timing(plan, spans).median_s)
+        except RunFolderError as err:  # a run from before config.json: the rest of the report stands
+            section = [f"not compiled again: {err}"]
+        print("\n" + "\n".join(section), flush=True)
+    if rows:
         print(f"\ndrawn: {svg}")
     return 0

@@ -22,7 +22,7 @@ from ..errors import WriteError
 
 __all__ = ["ENVIRONMENT_PACKAGES", "environment", "write_run_record", "tensor_digest", "ValueHashes"]
 
-ENVIRONMENT_PACKAGES = ("torch", "transformers", "hybridflow", "ray", "vllm", "tensordict", "numpy")
+ENVIRONMENT_PACKAGES = ("torch", "transformers", "hybridflow", "ray", "vllm", "numpy")
 """Packages whose installed version ``environment.json`` records (None: not installed)."""
 
 

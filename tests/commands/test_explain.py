@@ -206,3 +206,16 @@ def test_with_staleness_a_step_is_a_call_and_the_next_steps_generation_does_not_
     assert step.iterations == (1, 2, 3) and step.median_s == pytest.approx(3.1)
     generate = next(t for t in op_timings(plan, spans) if t.name == "actor.generate")
     assert generate.measured_s == pytest.approx((4.9,) * 4)  # iterations 1..4, sent in calls 0..3
+
+
+def test_a_run_without_its_config_is_explained_but_not_compiled_again(tmp_path, capsys):
+    plan = _plan()
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    (tmp_path / "trace.json").write_text(json.dumps(chrome_trace(_spans())))
+    assert cli.main(["explain", str(tmp_path), "--svg", str(tmp_path / "chart.svg")]) == 0
+    text = capsys.readouterr().out
+    assert "6.5100 s = 100% of the measured step" in text
+    assert "not compiled again: " in text and "config.json: missing" in text
+    svg = (tmp_path / "chart.svg").read_text()
+    assert "actor.update  x4.00" in svg and "\u25cf actor.generate  x1.50" in svg  # measured / predicted; critical
+    assert "grpo_advantage  x0.50" in svg and "\u25cf grpo_advantage" not in svg  # off the critical path
