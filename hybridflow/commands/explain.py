@@ -61,8 +61,9 @@ def _table(timings, step, critical: set[str]) -> list[str]:
 
 
 def _path_line(path, label: str) -> str:
-    share = f" = {path.fraction:.0%} of the measured step ({path.step_s:.4f} s)" if path.fraction is not None else ""
-    return f"  {label}: {' -> '.join(path.ops)}\n    {path.seconds:.4f} s{share}"
+    share = (f": {path.fraction:.0%} of the measured step (median over the steps of the chain's share of each; the "
+             f"step's median {path.step_s:.4f} s)") if path.fraction is not None else ""
+    return f"  {label}: {' -> '.join(path.ops)}\n    medians summed {path.seconds:.4f} s{share}"
 
 
 def explain_lines(plan, spans, step_times=(), *, top: int = 5) -> tuple[list[str], list]:
@@ -82,8 +83,8 @@ def explain_lines(plan, spans, step_times=(), *, top: int = 5) -> tuple[list[str
     warm = " (iteration 0, the warm-up, left out)" if step.iterations[0] >= 1 else ""
     lines.append(f"measured: {len(step.measured_s)} iteration(s) {step.iterations[0]}..{step.iterations[-1]}{warm}; "
                  "medians, and the spread over the iterations")
-    full = critical_path(plan, timings, step, with_pool_order=True)
-    deps = critical_path(plan, timings, step, with_pool_order=False)
+    full = critical_path(plan, timings, step, spans, with_pool_order=True)
+    deps = critical_path(plan, timings, step, spans, with_pool_order=False)
     lines += ["", *_table(timings, step, set(full.ops)), "(* on the critical path)"]
     trainer_steps = [seconds for number, seconds in step_times if number >= 2] or [s for _, s in step_times]
     if trainer_steps:

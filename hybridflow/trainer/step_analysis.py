@@ -112,8 +112,7 @@ def step_timing(plan, spans: Iterable[Span]) -> StepTiming:
     ahead = {op.name for op in plan.ops if op.iteration_offset}
     bounds: dict[int, list] = {}
     for span in spans:
-        key = span.call if span.call is not None else span.iteration
-        bound = bounds.setdefault(key, [math.inf, -math.inf])
+        bound = bounds.setdefault(_step_key(span), [math.inf, -math.inf])
         bound[0] = min(bound[0], span.start)
         if span.op not in ahead:
             bound[1] = max(bound[1], span.end)
@@ -123,17 +122,26 @@ def step_timing(plan, spans: Iterable[Span]) -> StepTiming:
 
 @dataclass(frozen=True)
 class CriticalPath:
-    """The longest chain of ops, their measured medians summed, against the measured step."""
+    """The longest chain of ops by their measured medians, and how much of each measured step it took."""
 
     ops: tuple[str, ...]
     seconds: float
+    """The chain's length: the sum of its ops' medians (what chose it)."""
     step_s: float | None
     with_pool_order: bool
+    shares: tuple[float, ...] = ()
+    """Per measured step: the chain's ops' seconds in that step over the step's seconds. The chain's ops run one
+    after another, so each share is at most 1 (a sum of medians against a median step need not be)."""
 
     @property
     def fraction(self) -> float | None:
-        """The share of the measured step the chain explains (None without a measured step)."""
-        return self.seconds / self.step_s if self.step_s else None
+        """The median share of the measured steps the chain explains (None without a measured step)."""
+        return statistics.median(self.shares) if self.shares else None
+
+
+def _step_key(span: Span) -> int:
+    """The step a span belongs to: its ``run_iteration`` call (its iteration in a trace without calls)."""
+    return span.call if span.call is not None else span.iteration
 
 
 def _edges(plan, with_pool_order: bool) -> dict[str, set[str]]:
@@ -149,9 +157,11 @@ def _edges(plan, with_pool_order: bool) -> dict[str, set[str]]:
     return before
 
 
-def critical_path(plan, timings: Sequence[OpTiming], step: StepTiming, *, with_pool_order: bool = True) -> CriticalPath:
+def critical_path(plan, timings: Sequence[OpTiming], step: StepTiming, spans: Iterable[Span] = (), *,
+                  with_pool_order: bool = True) -> CriticalPath:
     """The longest chain through ``plan``'s ops weighted by the measured medians (an op never measured weighs its
-    prediction); ``with_pool_order`` adds each pool's op order to the ``deps`` (module docstring)."""
+    prediction); ``with_pool_order`` adds each pool's op order to the ``deps`` (module docstring). ``spans`` (those
+    :func:`step_timing` measured ``step`` from) give the chain's share of each step."""
     weight = {t.name: (t.median_s if t.median_s is not None else t.predicted_s) for t in timings}
     before = _edges(plan, with_pool_order)
     finish: dict[str, float] = {}
@@ -177,7 +187,14 @@ def critical_path(plan, timings: Sequence[OpTiming], step: StepTiming, *, with_p
     while end is not None:
         chain.append(end)
         end = previous[end]
-    return CriticalPath(tuple(reversed(chain)), finish[chain[0]] if chain else 0.0, step.median_s, with_pool_order)
+    ops = tuple(reversed(chain))
+    on_chain: dict[int, float] = defaultdict(float)
+    for span in spans:
+        if span.op in ops:
+            on_chain[_step_key(span)] += span.end - span.start
+    shares = tuple(on_chain[k] / seconds for k, seconds in zip(step.iterations, step.measured_s)
+                   if seconds > 0 and k in on_chain)
+    return CriticalPath(ops, finish[chain[0]] if chain else 0.0, step.median_s, with_pool_order, shares)
 
 
 @dataclass(frozen=True)

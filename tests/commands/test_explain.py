@@ -93,14 +93,17 @@ def test_critical_path_with_and_without_the_pools_order():
     spans = iteration_spans(plan, _spans())
     timings, step = op_timings(plan, spans), step_timing(plan, spans)
     # pool0 runs logprob then ref.logprob in turn: 0.01 + 3 + 0.5 + 1.0 + 2.0 = 6.51 s, the whole step
-    full = critical_path(plan, timings, step)
+    full = critical_path(plan, timings, step, spans)
     assert full.ops == ("actor.weight_sync", "actor.generate", "actor.logprob", "ref.logprob", "actor.update")
     assert full.seconds == pytest.approx(6.51) and full.fraction == pytest.approx(1.0)
     # by the deps alone ref.logprob needs only the generation (3.01 + 1.0 + 2.0 = 6.01 s), and the reward branch,
     # 3.01 + 1.0 + 0.25 + 2.0 = 6.26 s, is the longest
-    deps = critical_path(plan, timings, step, with_pool_order=False)
+    deps = critical_path(plan, timings, step, spans, with_pool_order=False)
     assert deps.ops == ("actor.weight_sync", "actor.generate", "reward.score", "grpo_advantage", "actor.update")
+    # each step's share: (g + 3.26) / (g + 3.51) for g = 1, 4, 3 s; the median is g = 3's
     assert deps.seconds == pytest.approx(6.26) and deps.fraction == pytest.approx(6.26 / 6.51)
+    assert sorted(deps.shares) == pytest.approx(sorted(((g + 3.26) / (g + 3.51) for g in (1.0, 4.0, 3.0))))
+    assert critical_path(plan, timings, step).fraction is None  # no spans: no shares
 
 
 def test_largest_errors_first_with_their_causes():
@@ -147,7 +150,7 @@ def test_explain_text_and_the_trace_it_reads(tmp_path):
     text = "\n".join(lines)
     assert "3 iteration(s) 1..3 (iteration 0, the warm-up, left out)" in text
     assert "along the deps and each pool's op order: actor.weight_sync -> actor.generate -> actor.logprob -> " \
-           "ref.logprob -> actor.update\n    6.5100 s = 100% of the measured step (6.5100 s)" in text
+           "ref.logprob -> actor.update\n    medians summed 6.5100 s: 100% of the measured step" in text
     assert "median over 2 step(s)): 7.5000 s" in text  # the trainer's step 1 is the warm-up
     generate = next(line for line in lines if line.startswith("*actor.generate"))
     assert generate.split()[3:] == ["2.0000", "3.0000", "1.0000-4.0000", "1.50"]
@@ -214,7 +217,7 @@ def test_a_run_without_its_config_is_explained_but_not_compiled_again(tmp_path, 
     (tmp_path / "trace.json").write_text(json.dumps(chrome_trace(_spans())))
     assert cli.main(["explain", str(tmp_path), "--svg", str(tmp_path / "chart.svg")]) == 0
     text = capsys.readouterr().out
-    assert "6.5100 s = 100% of the measured step" in text
+    assert "medians summed 6.5100 s: 100% of the measured step" in text
     assert "not compiled again: " in text and "config.json: missing" in text
     svg = (tmp_path / "chart.svg").read_text()
     assert "actor.update  x4.00" in svg and "\u25cf actor.generate  x1.50" in svg  # measured / predicted; critical
