@@ -26,7 +26,7 @@ ENVIRONMENT_PACKAGES = ("torch", "transformers", "hybridflow", "ray", "vllm", "n
 """Packages whose installed version ``environment.json`` records (None: not installed)."""
 
 
-def _version(package: str) -> str | None:
+def _installed_version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -42,7 +42,7 @@ def environment() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "packages": {name: _version(name) for name in ENVIRONMENT_PACKAGES},
+        "packages": {name: _installed_version(name) for name in ENVIRONMENT_PACKAGES},
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "cuda": torch.version.cuda,
