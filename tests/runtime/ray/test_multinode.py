@@ -108,7 +108,7 @@ def test_a_dp2_checkpoint_resumes_at_dp1(cluster, ppo_dp2, tmp_path):
         resumed.prepare()
         assert resumed.resumed_from == trainer.last_checkpoint
         assert [len(p.devices) for p in resumed.plan.pools if p.name == "pool0"] == [1]
-        state = resumed.role_engines("actor").train.state_dict()  # the dp=1 engine's whole state, fetched to check
+        state = resumed.train_state("actor")  # the dp=1 engine's whole state, fetched to check (an export plan)
         for name, tensor in state["model"].items():
             assert tensor.equal(saved.tensors[f"actor/model/{name}"]), name
         for index, entry in state["optimizer"]["state"].items():
