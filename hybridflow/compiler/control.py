@@ -96,19 +96,15 @@ def _pools_of(plan: ExecutionPlan, role: str) -> tuple[str, ...]:
 
 
 def _state_ops(plan: ExecutionPlan, kind: str, roles: Sequence[str]) -> list[PlanOp]:
-    """Per role and pool: a save_state / load_state op of what that pool holds (train shards, sampler RNG)."""
+    """Per role, a save_state / load_state op on every pool holding its engines; item ``train`` on its own pool
+    when the graph updates it (its shards). What else a slot keeps (the sampler's RNG) the worker saves with it."""
     trained = set(trained_roles(plan.graph))
-    kinds = {r.name: r.kind for r in plan.graph.roles}
     ops = []
     for role in roles:
-        placement = plan.placement(role)
-        sampler_pool = placement.generation_pool or placement.pool if kinds.get(role) == "policy" else None
+        own = plan.placement(role).pool
         for pool in _pools_of(plan, role):
-            items = (("train",) if role in trained and pool == placement.pool else ()) + \
-                    (("rollout_rng",) if pool == sampler_pool else ())
-            if items:
-                name = f"{role}.{kind}" if pool == placement.pool else f"{role}.{kind}@{pool}"
-                ops.append(PlanOp(name=name, kind=kind, role=role, pool=pool, items=items))
+            ops.append(PlanOp(name=f"{role}.{kind}" if pool == own else f"{role}.{kind}@{pool}", kind=kind, role=role,
+                              pool=pool, items=("train",) if role in trained and pool == own else ()))
     return ops
 
 

@@ -40,16 +40,17 @@ PLAN_VERSION = 1
 CONTROL_KINDS = ("save_state", "load_state", "set_reward", "export", "describe")
 """What the controller asks of a role's workers besides the iteration's work (:mod:`.control`):
 
-* ``save_state`` / ``load_state`` — write / read the role's state under a checkpoint folder: its train
-  engine's shards (item ``train``) and its rollout engine's sampling RNG (item ``rollout_rng``);
+* ``save_state`` / ``load_state`` — write / read what a slot holds of the role's state under a checkpoint
+  folder: its train engine's shards (item ``train``: the roles the graph updates) and whatever else its
+  engines keep (the rollout engine's sampling RNG; see ``hybridflow.runtime.worker``);
 * ``set_reward`` — build the role's reward source anew from a spec (``trainer.set_reward_model``);
 * ``export`` — the role's trained model, gathered on the pool's rank 0 (item ``optimizer``: its whole train state);
 * ``describe`` — what the role's engines are (types, sampling settings, train settings): a report.
 """
 OP_KINDS = ("node", "weight_sync", "offload", "onload", *CONTROL_KINDS)
 OFFLOAD_ITEMS = ("params", "optimizer", "grads", "kv_cache")
-STATE_ITEMS = ("train", "rollout_rng")
-"""save_state / load_state items: the train engine's shards, the rollout engine's sampling RNG."""
+STATE_ITEMS = ("train",)
+"""save_state / load_state items: the train engine's shards (the rest of a slot's state always goes along)."""
 OP_ITEMS = {"offload": OFFLOAD_ITEMS, "onload": OFFLOAD_ITEMS, "save_state": STATE_ITEMS, "load_state": STATE_ITEMS,
             "export": ("optimizer",)}
 """Op kind -> the items its ops may name (kinds not listed name none)."""
@@ -125,7 +126,7 @@ class PlanOp(_Frozen):
     pool: str | None = Field(None, description="Pool the op runs on; None for controller ops.")
     node: str | None = Field(None, description="Graph node this op runs (node ops only).")
     deps: tuple[str, ...] = Field((), description="Ops that must finish before this one starts.")
-    items: tuple[str, ...] = Field((), description="offload/onload: what moves (params, optimizer, grads, kv_cache); save_state/load_state: what is saved (train, rollout_rng); export: optimizer to add the whole train state.")
+    items: tuple[str, ...] = Field((), description="offload/onload: what moves (params, optimizer, grads, kv_cache); save_state/load_state: train to save the train engine's shards too; export: optimizer to add the whole train state.")
     iteration_offset: int = Field(0, ge=0, description="0: this iteration; k: the op works for iteration i+k (overlap).")
     predicted_start_s: float = Field(0.0, ge=0.0, description="Predicted start, seconds from the iteration start.")
     predicted_end_s: float = Field(0.0, ge=0.0, description="Predicted end, seconds from the iteration start.")
