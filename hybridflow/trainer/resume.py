@@ -36,7 +36,6 @@ from .run_state import capture_json, restore, role_sections, state_sections
 from .setup import RunInputs
 
 if TYPE_CHECKING:
-    from ..graph import Graph
     from ..runtime.interpreter import PlanExecutor
 
 __all__ = ["CheckpointScope", "save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_roles",

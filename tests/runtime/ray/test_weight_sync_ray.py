@@ -7,7 +7,6 @@ over a process group spanning it and the rollout workers; small buckets make it 
 from __future__ import annotations
 
 import pytest
-import torch
 from ray_testkit import compiled_plan, on_pool, prompts, role_specs, train_state
 
 from hybridflow.algorithms import ALGORITHMS
