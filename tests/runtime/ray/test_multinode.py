@@ -137,8 +137,8 @@ class KillNodeInStep:
         executor = self.trainer.executor
         send = executor.send
 
-        def send_and_kill(slot, method, *args):
-            if self.killed_at is None and method == "run" and args[0] == "update":
+        def send_and_kill(slot, kind, *args):
+            if self.killed_at is None and kind == "update":
                 self.node_id = executor.slot_info[f"{self.pool}/rank1"]["node_id"]
                 (node,) = [n for n in self.cluster.workers if n.node_id == self.node_id]
                 self.cluster.remove_node(node, allow_graceful=False)  # SIGKILL: the machine is gone
@@ -146,7 +146,7 @@ class KillNodeInStep:
                 self.cluster.workers.append(self.cluster.add_node(num_cpus=1))  # a machine that joins to replace it
                 TIMINGS["a raylet joins"] = time.perf_counter() - self.killed_at
                 executor.send = send
-            return send(slot, method, *args)
+            return send(slot, kind, *args)
 
         executor.send = send_and_kill  # the executor's transport (PlanExecutor.send), wrapped for this one call
 
