@@ -320,10 +320,10 @@ class Worker:
         module = train.module
         dp = max((r.dp for r in self.slot.roles if r.role == role), default=1)
         if dp > 1:
-            state = train.state_dict()  # gathered on rank 0
             if is_lora(module):
                 raise ExecutionError(f"role {role!r}: exporting a LoRA policy sharded over {dp} ranks is not "
                                      "supported; export its checkpoint (hybridflow export)")
+            state = train.state_dict()  # gathered on rank 0 (a collective: every rank calls it)
             model = state["model"]
         else:
             state = train.state_dict() if "optimizer" in items else None
@@ -337,10 +337,10 @@ class Worker:
                 "train_state": copy.deepcopy(state) if "optimizer" in items else None}
 
     def describe(self, role: str, items: Sequence[str] = (), argument: Any = None) -> dict[str, Any]:
-        """What ``role``'s engines on this slot are: their types, the train settings, the train module's
-        transformers config and generation config, its trainable parameters (name -> size) and LoRA adapters, the sampling
-        settings, the reward function, the roles whose train engine computes with the same module (a base-model
-        view), what is offloaded."""
+        """What ``role``'s engines on this slot are (copies, read-only for the caller): their types, the train
+        settings, the train module's transformers config and generation config, its trainable parameters
+        (name -> size) and LoRA adapters, the sampling settings, the reward function, the roles whose train
+        engine computes with the same module (a base-model view), what is offloaded."""
         engines = self._role(role)
         train, rollout, reward = engines.train, engines.rollout, engines.reward
         module = getattr(train, "module", None)
@@ -349,13 +349,13 @@ class Worker:
         return {"role": role, "kind": engines.kind, "device": self.device, "rank": self.slot.rank,
                 "engines": {part: type(getattr(engines, part)).__name__ for part in ("train", "rollout", "reward")
                             if getattr(engines, part) is not None},
-                "train_config": getattr(train, "config", None),
+                "train_config": copy.deepcopy(getattr(train, "config", None)),
                 "model_config": copy.deepcopy(getattr(module, "config", None)),
                 "generation_config": copy.deepcopy(getattr(module, "generation_config", None)),
                 "trainable": {n: p.numel() for n, p in module.named_parameters() if p.requires_grad} if module is not None else {},
                 "adapters": sorted(adapter_names(module)) if module is not None and is_lora(module) else [],
                 "shares_module_with": shares,
-                "sampling": rollout.sampling if rollout is not None else None,
+                "sampling": copy.deepcopy(rollout.sampling) if rollout is not None else None,
                 "rollout_folder": getattr(rollout, "folder", None),
                 "reward_fn": getattr(reward, "compute_score", None),
                 "offloaded": sorted(self.offloaded.get(role, ()))}
