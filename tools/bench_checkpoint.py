@@ -6,12 +6,13 @@
 A local Ray instance, a GRPO plan whose actor trains on a pool of two CPU slots (FSDP2, dp=2),
 one training step (so AdamW has its state), then, per round:
 
-* **sharded write / read**: :func:`~hybridflow.runtime.shard_calls.save_train_states` (every
-  slot writes its DCP shard of the model and optimizer state to a folder) and
-  :func:`~hybridflow.runtime.shard_calls.load_train_states` (every slot reads its part back);
-* **gathered**: the old path, the whole state fetched to the driver
-  (``executor.workers[pool].engines["actor"].train.state_dict()``), then one ``torch.save`` of it
-  and one ``torch.load`` (the baseline the issue names: a single file of the same state).
+* **sharded write / read**: the checkpoint and restore plans of the training plan
+  (:func:`~hybridflow.compiler.control.control_plan` ``save_state``: every slot writes its DCP shard
+  of the model and optimizer state to a folder; ``load_state``: every slot reads its part back, then
+  the rollout copy is synced to it);
+* **gathered**: the old path, the whole state fetched to the driver (an ``export`` plan with the
+  optimizer), then one ``torch.save`` of it and one ``torch.load`` (the baseline the issue names: a
+  single file of the same state).
 
 The driver's resident memory is sampled every 2 ms during each write (``/proc/self/status``); its
 largest rise over the value before is set against the state's size (parameters + AdamW's two
@@ -105,13 +106,15 @@ def measure(args, work: Path) -> None:
 
     from hybridflow.data import make_prompt_batch
     from hybridflow.data.tasks.arithmetic import make_arithmetic_rows
+    from hybridflow.compiler.control import control_plan
     from hybridflow.runtime.ray import RayExecutor
-    from hybridflow.runtime.shard_calls import load_train_states, save_train_states
 
     plan, specs = setup(args, work)
     tokenizer = specs["actor"].tokenizer
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     executor = RayExecutor(plan, specs)
+    save, load = control_plan(plan, "save_state", ["actor"]), control_plan(plan, "load_state", ["actor"])
+    export = control_plan(plan, "export", ["actor"], items=("optimizer",))
     try:
         executor.run_iteration({"prompts": make_prompt_batch(make_arithmetic_rows()[:4], tokenizer)})
         sharded_w, sharded_r, gathered_w, gathered_r, rss_sharded, rss_gathered, save_only = [], [], [], [], [], [], []
@@ -120,18 +123,17 @@ def measure(args, work: Path) -> None:
             folder = work / f"round{round_}"
             with PeakRSS() as rss:
                 start = time.perf_counter()
-                save_train_states(executor, ["actor"], folder / "tensors")
+                saved = executor.run_plan(save, args={"actor.save_state": str(folder / "tensors")}).results
                 sharded_w.append(time.perf_counter() - start)
             rss_sharded.append(rss.rise)
-            engines, _ = save_train_states(executor, ["actor"], folder / "again")  # the JSON part, for the load
+            engines = saved["actor.save_state"][0]["engines"]  # the JSON part (rank 0's), for the load
             start = time.perf_counter()
-            load_train_states(executor, ["actor"], folder / "tensors", engines)
+            executor.run_plan(load, args={"actor.load_state": {"folder": str(folder / "tensors"), "engines": engines}})
             sharded_r.append(time.perf_counter() - start)
 
-            train = executor.workers[plan.placement("actor").pool].engines["actor"].train
             with PeakRSS() as rss:
                 start = time.perf_counter()
-                state = train.state_dict()
+                state = executor.run_plan(export).results["actor.export"][0]["train_state"]
                 fetched = time.perf_counter()
                 torch.save(state, folder / "gathered.pt")
                 gathered_w.append(time.perf_counter() - start)
@@ -143,7 +145,7 @@ def measure(args, work: Path) -> None:
             start = time.perf_counter()
             torch.load(folder / "gathered.pt", weights_only=True)
             gathered_r.append(time.perf_counter() - start)
-        params = sum(t.numel() for t in train.state_dict()["model"].values())
+        params = sum(t.numel() for t in executor.run_plan(export).results["actor.export"][0]["model"].values())
     finally:
         executor.shutdown()
         ray.shutdown()

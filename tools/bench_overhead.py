@@ -208,8 +208,7 @@ def measure(args, skip_rows: bool) -> dict:
     """Interleaved step times of both sides, one setting of row skipping."""
     with tempfile.TemporaryDirectory() as out:
         trainer = _trainer(args, out, skip_rows)
-        engines = trainer.actor_engines()
-        model = copy.deepcopy(engines.train.module)
+        model = trainer.policy_model()  # the actor's starting weights, exported from its worker
         decode_fn = None
         if args.hand_decode == "ours":
             from hybridflow.runtime.engines.decode import decode as decode_fn

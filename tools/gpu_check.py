@@ -18,9 +18,9 @@ on this machine (vLLM or flash-attention not installed, one GPU for a two-GPU co
    full state dict gathered back (``torch.distributed.checkpoint.state_dict``) against the plain
    engine's weights after the same step.
 4. ``weight-sync``: that FSDP2 actor beside an hf rollout engine with its own copy of the weights on the same
-   device (``RoleWorker.sync_weights``: full tensors gathered and copied in 256 MiB buckets): seconds, GB/s,
+   device (``Worker.sync_weights``: full tensors gathered and copied in 256 MiB buckets): seconds, GB/s,
    the rollout's weights against the actor's (must be equal), and an offload / onload round trip of the
-   role (``RoleWorker.offload``), after which the rollout still generates and the actor still updates.
+   role (``Worker.offload``), after which the rollout still generates and the actor still updates.
 5. ``nccl``: all-reduce and broadcast of a 256 MiB bf16 tensor (the runtime's weight-sync bucket) on
    the one-rank group; a two-rank group needs two GPUs (NCCL refuses two ranks on one device).
 6. ``grpo`` and ``ppo``: the trainer (``hybridflow.trainer.Trainer``, local executor) on ``cuda:0``
@@ -243,7 +243,7 @@ def check_fsdp2(args) -> None:
 @contextlib.contextmanager
 def actor_beside_a_rollout_copy(args, lora=None):
     """An FSDP2 actor (one rank; LoRA adapters when ``lora`` is a LoraSettings) and an hf rollout engine with its
-    own copy of the weights on DEVICE (a LoRA model too when the actor is), in a RoleWorker; yields
+    own copy of the weights on DEVICE (a LoRA model too when the actor is), in a Worker; yields
     (worker, train engine, rollout engine, a rollout batch). The actor has taken one update."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -251,7 +251,8 @@ def actor_beside_a_rollout_copy(args, lora=None):
     from hybridflow.runtime.engines.fsdp import FSDPTrainEngine
     from hybridflow.runtime.engines.lora import apply_lora
     from hybridflow.runtime.roles import RoleEngines
-    from hybridflow.runtime.worker import RoleWorker
+    from hybridflow.runtime.topology import RoleSlot, Slot
+    from hybridflow.runtime.worker import Worker
 
     tokenizer, model = bench_model(args.size)
     batch, _ = rollout_batch(tokenizer, copy.deepcopy(model), prompts=args.prompts, n=args.n, tokens=args.tokens)
@@ -260,7 +261,10 @@ def actor_beside_a_rollout_copy(args, lora=None):
         rollout = HFRolloutEngine(apply_lora(own, lora) if lora else own, tokenizer=tokenizer, device=DEVICE)
         train = FSDPTrainEngine(model, TrainEngineConfig(lr=1e-4, micro_batch_size=args.micro, lora=lora),
                                 mesh=init_device_mesh(torch.device(DEVICE).type, (1,)), device=DEVICE)
-        worker = RoleWorker.from_engines(DEVICE, {"actor": RoleEngines("policy", train=train, rollout=rollout)})
+        slot = Slot(pool="gpu", rank=0, global_rank=0, device=DEVICE, roles=(RoleSlot("actor", "policy", True, True, 1),))
+        worker = Worker(slot, {})
+        worker.device = DEVICE
+        worker.host({"actor": RoleEngines("policy", train=train, rollout=rollout)})
         train.update(batch, PG)
         yield worker, train, rollout, batch
 

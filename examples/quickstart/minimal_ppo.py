@@ -61,6 +61,6 @@ for step, metrics in sorted(trainer.validations.items()):
     print(f"{step:5d}  {accuracy:.2f} {'#' * round(40 * accuracy)}")
 before, after = trainer.validations[0], trainer.validations[trainer.step]
 print(f"greedy accuracy {before['val/score/greedy']:.2f} -> {after['val/score/greedy']:.2f}")
-answers = RolloutManager(trainer.actor_engines().train.module, trainer.tokenizer).generate(
+answers = RolloutManager(trainer.policy_model(), trainer.tokenizer).generate(
     ["2+3=", "4+4=", "9+9="], greedy=True, max_new_tokens=3)
 print("answers:", answers)

@@ -9,7 +9,10 @@ A plan says, for one training iteration of one graph:
 * **ops** — what runs, in order: graph nodes (``node``), and the transitions the
   compiler inserted (``weight_sync``, ``offload``, ``onload``), each with the
   ops it depends on and its predicted start/end (seconds from the iteration's
-  start) and peak memory;
+  start) and peak memory; plans derived from a training plan for the controller's
+  other requests (:mod:`.control`: checkpoint, restore, export, ...) hold the
+  control kinds too (:data:`CONTROL_KINDS`), whose run-time argument (a folder, a
+  reward source) is given when the plan is run, not stored in it;
 * ``staleness`` — 0: on-policy; k > 0: generation of iteration i+k may overlap
   this iteration's training (ops with ``iteration_offset`` > 0).
 
@@ -31,11 +34,26 @@ from ..graph import Graph
 from ..graph.serialize import graph_from_dict, graph_to_dict
 from .engine import DEFAULT_ENGINE, TrainEngine
 
-__all__ = ["PLAN_VERSION", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "read_plan", "verify_plan"]
+__all__ = ["PLAN_VERSION", "OP_KINDS", "CONTROL_KINDS", "STATE_ITEMS", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "read_plan", "verify_plan"]
 
 PLAN_VERSION = 1
-OP_KINDS = ("node", "weight_sync", "offload", "onload")
+CONTROL_KINDS = ("save_state", "load_state", "set_reward", "export", "describe")
+"""What the controller asks of a role's workers besides the iteration's work (:mod:`.control`):
+
+* ``save_state`` / ``load_state`` — write / read what a slot holds of the role's state under a checkpoint
+  folder: its train engine's shards (item ``train``: the roles the graph updates) and whatever else its
+  engines keep (the rollout engine's sampling RNG; see ``hybridflow.runtime.worker``);
+* ``set_reward`` — build the role's reward source anew from a spec (``trainer.set_reward_model``);
+* ``export`` — the role's trained model, gathered on the pool's rank 0 (item ``optimizer``: its whole train state);
+* ``describe`` — what the role's engines are (types, sampling settings, train settings): a report.
+"""
+OP_KINDS = ("node", "weight_sync", "offload", "onload", *CONTROL_KINDS)
 OFFLOAD_ITEMS = ("params", "optimizer", "grads", "kv_cache")
+STATE_ITEMS = ("train",)
+"""save_state / load_state items: the train engine's shards (the rest of a slot's state always goes along)."""
+OP_ITEMS = {"offload": OFFLOAD_ITEMS, "onload": OFFLOAD_ITEMS, "save_state": STATE_ITEMS, "load_state": STATE_ITEMS,
+            "export": ("optimizer",)}
+"""Op kind -> the items its ops may name (kinds not listed name none)."""
 
 
 def _graph_record(value: Any) -> Graph:
@@ -102,12 +120,13 @@ class PlanOp(_Frozen):
     """One step of the schedule."""
 
     name: str = Field(description="Unique op name (the node name for node ops).")
-    kind: Literal["node", "weight_sync", "offload", "onload"] = Field(description="What the op does.")
+    kind: Literal["node", "weight_sync", "offload", "onload", "save_state", "load_state", "set_reward", "export",
+                  "describe"] = Field(description="What the op does (control kinds: see CONTROL_KINDS).")
     role: str = Field(description="Role the op acts on ('controller' for compute nodes).")
     pool: str | None = Field(None, description="Pool the op runs on; None for controller ops.")
     node: str | None = Field(None, description="Graph node this op runs (node ops only).")
     deps: tuple[str, ...] = Field((), description="Ops that must finish before this one starts.")
-    items: tuple[str, ...] = Field((), description="offload/onload: what moves (params, optimizer, grads, kv_cache).")
+    items: tuple[str, ...] = Field((), description="offload/onload: what moves (params, optimizer, grads, kv_cache); save_state/load_state: train to save the train engine's shards too; export: optimizer to add the whole train state.")
     iteration_offset: int = Field(0, ge=0, description="0: this iteration; k: the op works for iteration i+k (overlap).")
     predicted_start_s: float = Field(0.0, ge=0.0, description="Predicted start, seconds from the iteration start.")
     predicted_end_s: float = Field(0.0, ge=0.0, description="Predicted end, seconds from the iteration start.")
@@ -298,8 +317,11 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
         _check_op_resources(op, pools, fail)
         if op.predicted_end_s < op.predicted_start_s:
             fail(f"op {op.name!r} ends before it starts")
-        if any(item not in OFFLOAD_ITEMS for item in op.items):
-            fail(f"op {op.name!r} moves unknown items {op.items}; use {', '.join(OFFLOAD_ITEMS)}")
+        known = OP_ITEMS.get(op.kind, ())
+        if any(item not in known for item in op.items):
+            fail(f"op {op.name!r} ({op.kind}) names unknown items {op.items}; use {', '.join(known) or 'none'}")
+        if op.kind in CONTROL_KINDS and (op.pool is None or op.role not in {p.role for p in plan.placements}):
+            fail(f"control op {op.name!r} ({op.kind}) must act on a placed role on a pool")
         if op.kind == "node":
             if op.node is None:
                 fail(f"node op {op.name!r} names no graph node")

@@ -7,7 +7,8 @@ interpreter as training (not as calls into remote engines):
   ``policy.generate(prompts, n=samples, seed=seed)``, each scored by the reward
   role (the sampled generation has a stream of its own, so validating never
   moves training's sampler);
-* :func:`validation_plan` — that graph on the training plan's pools: the
+* :func:`validation_plan` — that graph on the training plan's pools
+  (:func:`~.control.graph_plan`, the training plan's bracketing): the
   policy's generations where the training plan generates (its rollout pool, or
   its own pool), the scores on the reward's pool, after the training plan's
   weight sync of the policy, so the rollout engine samples with the weights of
@@ -25,7 +26,8 @@ import warnings
 from ..errors import PlanError
 from ..graph import Graph
 from ..graph.errors import UnusedValueWarning
-from .plan import ExecutionPlan, PlanOp, verify_plan
+from .control import graph_plan
+from .plan import ExecutionPlan
 
 __all__ = ["validation_graph", "validation_plan"]
 
@@ -68,33 +70,4 @@ def validation_plan(plan: ExecutionPlan, *, samples: int = 4, seed: int | None =
     policy, reward = policies[0], rewards[0]
     agent = next((n.attrs.agent for n in train.nodes if n.kind == "generate" and n.role == policy and n.attrs.agent), None)
     graph = validation_graph(policy, reward, samples=samples, seed=seed, agent=agent)
-    gen = plan.placement(policy)
-    score = plan.placement(reward)
-    sync = next((op for op in plan.ops if op.kind == "weight_sync" and op.role == policy), None)
-    ops: list[PlanOp] = []
-    # a policy the training plan offloads between uses is onloaded for validation and offloaded after it
-    offloaded = [op for op in plan.ops if op.kind == "offload" and op.role == policy]
-    items = tuple(dict.fromkeys(item for op in offloaded for item in op.items))
-    if offloaded:
-        ops.append(PlanOp(name=f"{policy}.onload", kind="onload", role=policy, pool=offloaded[0].pool, items=items))
-    if sync is not None:
-        ops.append(sync.model_copy(update={"deps": tuple(op.name for op in ops), "iteration_offset": 0}))
-    after_sync = tuple(op.name for op in ops)
-    for node in graph.nodes:
-        deps = tuple(s for s in node.sources if s not in {i.name for i in graph.inputs})
-        if node.kind == "generate":
-            ops.append(PlanOp(name=node.name, kind="node", role=policy, pool=gen.generation_pool or gen.pool,
-                              node=node.name, deps=after_sync + deps))
-        else:
-            ops.append(PlanOp(name=node.name, kind="node", role=reward, pool=score.pool, node=node.name, deps=deps))
-    if offloaded:
-        ops.append(PlanOp(name=f"{policy}.offload", kind="offload", role=policy, pool=offloaded[0].pool, items=items,
-                          deps=tuple(op.name for op in ops if op.role == policy)))
-    used = {policy, reward}
-    pools = {op.pool for op in ops} | {op.target_pool for op in ops if op.target_pool} | {gen.pool}
-    val = plan.model_copy(update={
-        "graph": graph, "strategy": plan.strategy, "staleness": 0, "predicted_iteration_s": None,
-        "pools": tuple(p for p in plan.pools if p.name in pools),
-        "placements": tuple(p for p in plan.placements if p.role in used), "ops": tuple(ops)})
-    verify_plan(val, after="validation_plan")
-    return val
+    return graph_plan(plan, graph, after="validation_plan")

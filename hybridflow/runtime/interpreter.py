@@ -10,10 +10,12 @@ streams:
   its pool (and of its target pool) has been sent — the plan's per-pool order;
   controller ops (``compute`` nodes) run at once in this process;
 * sending goes through :data:`OP_SUBMITTERS` (one entry per plan op kind:
-  node, weight_sync, offload, onload), which asks each slot of the op's pool
-  for its part — a node's batch split over the pool's data-parallel ranks
-  (:mod:`.dispatch`) — and returns an :class:`InFlight` whose ``finish``
-  merges the slots' results into the environment;
+  node, weight_sync, offload, onload, and the control kinds save_state,
+  load_state, set_reward, export, describe), which asks each slot of the op's
+  pool for its part — a node's batch split over the pool's data-parallel ranks
+  (:mod:`.dispatch`) — as one method of the :class:`~.worker.Worker` per op kind,
+  and returns an :class:`InFlight` whose ``finish`` merges the slots' results into
+  the environment (a control op's: its slots' results in rank order, in ``results``);
 * the executor waits on every in-flight op at once and finishes each as its
   slots' results arrive.
 
@@ -26,12 +28,14 @@ A graph's dynamic-sampling region (:mod:`hybridflow.graph.resampling`) is run he
 the :class:`~.resampling.ResampleRun` of the stream: ops after the region wait for it, and
 when its filter has run its body's ops are sent again until the batch is full.
 
-A backend (a subclass) says only how a call reaches a slot and how its result
-comes back, through the **transport**, the public interface every executor
-implements and anything driving slots uses (the op submitters here,
-:mod:`.overlap`, :mod:`.shard_calls`): :meth:`PlanExecutor.send`
-(``slot.method(*args)``: at once on the LocalExecutor's in-process slots, a Ray
-object ref on the RayExecutor's actors) returns a handle; :meth:`~PlanExecutor.ready`
+Everything the controller asks of the workers is a plan run here: an iteration
+(:meth:`PlanExecutor.run_iteration`), or a plan derived from the training plan
+(:meth:`PlanExecutor.run_plan`: validation, checkpoint, restore, export, ...; see
+:mod:`hybridflow.compiler.control`). A backend (a subclass) says only how an op
+reaches a slot and how its result comes back, through the **transport**:
+:meth:`PlanExecutor.send` (``Worker.run(kind, *args)``: at once on the
+LocalExecutor's in-process workers, a Ray object ref on the RayExecutor's
+actors) returns a handle; :meth:`~PlanExecutor.ready`
 says which handles are done, :meth:`~PlanExecutor.wait` blocks until one is,
 :meth:`~PlanExecutor.fetch` returns a done handle's value (a slot's failure as a
 project error), and :meth:`~PlanExecutor.check_running` refuses when the workers
@@ -45,7 +49,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..compiler.plan import ExecutionPlan, PlanOp
+from ..compiler.plan import CONTROL_KINDS, ExecutionPlan, PlanOp
 from ..errors import ExecutionError, HybridflowError, PlanError
 from ..graph import CONTROLLER
 from ..batch import Batch
@@ -66,14 +70,19 @@ class IterationResult:
 
     env: dict[str, Batch]
     metrics: dict[str, float] = field(default_factory=dict)
+    results: dict[str, list] = field(default_factory=dict)
+    """Control op name -> its slots' results, in rank order (:meth:`PlanExecutor.run_plan`)."""
 
 
 @dataclass
 class IterationState:
-    """The environment (producer name -> Batch) and metrics of one run through plan ops."""
+    """The environment (producer name -> Batch), metrics and control results of one run through plan ops."""
 
     env: dict[str, Batch]
     metrics: dict[str, float] = field(default_factory=dict)
+    results: dict[str, list] = field(default_factory=dict)
+    args: Mapping[str, Any] = field(default_factory=dict)
+    """Control op name -> the argument its slots are given (a folder, a reward spec)."""
 
 
 @dataclass
@@ -120,7 +129,7 @@ def _node(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
     slots = ex.topology.pool_slots(op.pool)
     balance = balances_tokens(ex.specs.get(call.role))
     split = split_for_ranks(call.method, call.batch, len(slots), balance_tokens=balance)
-    refs = [ex.send(slot, "run", call.method, call.role, part, call.args) for slot, part in zip(slots, split.parts)]
+    refs = [ex.send(slot, call.method, call.role, part, *call.args) for slot, part in zip(slots, split.parts)]
 
     def finish(results: Sequence[Any]) -> None:
         state.env[node.name] = node_output(node, merge_results(call.method, split, results), state.metrics)
@@ -157,8 +166,18 @@ def _move(kind: str):
     return submit
 
 
+def _control(kind: str):
+    def submit(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
+        slots = ex.topology.pool_slots(op.pool)
+        refs = [ex.send(s, kind, op.role, op.items, state.args.get(op.name)) for s in slots]
+        return InFlight(op, slots, refs, lambda results: state.results.__setitem__(op.name, list(results)), kind)
+
+    return submit
+
+
 OP_SUBMITTERS: dict[str, Callable[["PlanExecutor", PlanOp, IterationState], InFlight]] = {
     "node": _node, "weight_sync": _weight_sync, "offload": _move("offload"), "onload": _move("onload"),
+    **{kind: _control(kind) for kind in CONTROL_KINDS},
 }
 """Plan op kind -> how it is sent to its slots (the one op-kind table of the runtime)."""
 
@@ -198,8 +217,9 @@ class PlanExecutor(ABC):
 
     # -- the transport (every backend implements it; module docstring) ---------------------------
     @abstractmethod
-    def send(self, slot: Slot, method: str, *args) -> Any:
-        """Start ``slot.method(*args)``; returns a handle for :meth:`ready`, :meth:`wait` and :meth:`fetch`."""
+    def send(self, slot: Slot, kind: str, *args) -> Any:
+        """Start ``Worker.run(kind, *args)`` on ``slot`` (op kind ``kind``'s method of the slot's worker);
+        returns a handle for :meth:`ready`, :meth:`wait` and :meth:`fetch`."""
 
     @abstractmethod
     def wait(self, refs: list, timeout: float) -> None:
@@ -257,11 +277,15 @@ class PlanExecutor(ABC):
         result.metrics.update(graph_metrics(self.graph, result.env))
         return result
 
-    def run_plan(self, plan: ExecutionPlan, inputs: Mapping[str, Batch]) -> IterationResult:
-        """Run another plan on this executor's pools once (e.g. the validation plan of
-        :func:`hybridflow.compiler.validation.validation_plan`), without counting it as an iteration.
+    def run_plan(self, plan: ExecutionPlan, inputs: Mapping[str, Batch] | None = None, *,
+                 args: Mapping[str, Any] | None = None) -> IterationResult:
+        """Run another plan on this executor's pools once (the validation plan of
+        :func:`hybridflow.compiler.validation.validation_plan`, the control plans of
+        :func:`hybridflow.compiler.control.control_plan`), without counting it as an iteration.
 
-        Its pools must be pools of this executor's plan (same names, same devices); its spans go to
+        ``args`` (control op name -> value) is what each control op's slots are given (a checkpoint
+        folder, a reward spec); the result's ``results`` holds each control op's slots' results in rank
+        order. Its pools must be pools of this executor's plan (same names, same devices); its spans go to
         :attr:`side_spans` (drawn in the trace, kept out of the iterations' timings).
         """
         mine = {p.name: p.devices for p in self.plan.pools}
@@ -274,13 +298,14 @@ class PlanExecutor(ABC):
         self.recorder = SpanRecorder()
         self.recorder.origin = saved_recorder.origin
         try:
+            inputs = dict(inputs or {})
             self._check_inputs(inputs)
-            stream = Stream(list(plan.ops), IterationState(env=dict(inputs)), self.iteration)
+            stream = Stream(list(plan.ops), IterationState(env=inputs, args=dict(args or {})), self.iteration)
             self.drive([stream], stream)
         finally:
             self.side_spans.extend(self.recorder.spans)
             self.graph, self.recorder = saved_graph, saved_recorder
-        return IterationResult(env=stream.state.env, metrics=stream.state.metrics)
+        return IterationResult(env=stream.state.env, metrics=stream.state.metrics, results=stream.state.results)
 
     def _check_inputs(self, inputs: Mapping[str, Batch]) -> None:
         expected = {i.name for i in self.graph.inputs}
@@ -295,7 +320,7 @@ class PlanExecutor(ABC):
     def drive(self, streams: list[Stream], target: Stream, *, settle: Sequence[Stream] = ()) -> None:
         """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight).
 
-        Streams in ``settle`` are driven until none of their control ops (weight sync, offload, onload) is in
+        Streams in ``settle`` are driven until none of their transitions (weight sync, offload, onload) is in
         flight, and whatever they can send then is sent before this returns: a generation working ahead is
         left running, not waiting to be sent by a later call.
         """

@@ -2,8 +2,9 @@
 
 The run loop is the shared plan interpreter (:mod:`.interpreter`); this module
 only says how a call reaches a slot: each pool of the plan is one
-:class:`~hybridflow.runtime.slot_worker.SlotWorker` built in this process on
-the pool's device, and a call runs at once. Pools therefore take turns (no
+:class:`~hybridflow.runtime.worker.Worker` built in this process on
+the pool's device, and an op runs at once. Those workers (:attr:`LocalExecutor.slots`)
+are this transport's own; everything else reaches them through plans. Pools therefore take turns (no
 two ops run at the same time), which is why a plan with ``staleness`` > 0 is
 an error here, and a pool spread over several devices (data parallelism) needs
 the RayExecutor, whose slots are processes. Colocated roles share a slot; a
@@ -18,10 +19,9 @@ from ..compiler.plan import ExecutionPlan
 from ..errors import ExecutionError, HybridflowError
 from .interpreter import IterationResult, PlanExecutor
 from .roles import RoleSpec
-from .slot_worker import SlotWorker
 from .spans import SpanRecorder
 from .topology import Slot
-from .worker import RoleWorker
+from .worker import Worker
 
 __all__ = ["LocalExecutor", "IterationResult"]
 
@@ -47,28 +47,22 @@ class LocalExecutor(PlanExecutor):
                                  "pool in this process. Use executor='ray' (one process per device slot, FSDP2 data "
                                  "parallelism), or compile with one device per pool (cpu_slots=1, or a device map)")
         self.mailbox: dict[str, list] = {}
-        self.slots: dict[str, SlotWorker] = {}
+        self.slots: dict[str, Worker] = {}
+        """Slot name -> its worker (this transport's; seed None: engines from the caller's torch generator, as
+        built before this executor existed)."""
         for slot in self.topology.slots:
-            worker = SlotWorker(slot, {r.role: self.specs[r.role] for r in slot.roles},
-                                seed=seed if seed is not None else 0)
-            if seed is None:  # engines from the caller's torch generator, as built before this executor existed
-                worker.seed = None
+            worker = Worker(slot, {r.role: self.specs[r.role] for r in slot.roles}, seed=seed)
             worker.setup_local(slot.device, self.mailbox)
             self.slots[slot.name] = worker
-
-    @property
-    def workers(self) -> dict[str, RoleWorker]:
-        """Pool name -> the :class:`RoleWorker` hosting its roles' engines."""
-        return {slot.pool: self.slots[slot.name].worker for slot in self.topology.slots}
 
     def restart(self) -> None:
         raise ExecutionError("the local executor has no worker processes to restart; resume='auto' continues a run "
                              "from its newest checkpoint")
 
     # -- the transport: calls run at once --------------------------------------------------------
-    def send(self, slot: Slot, method: str, *args) -> _Done:
+    def send(self, slot: Slot, kind: str, *args) -> _Done:
         try:
-            return _Done(getattr(self.slots[slot.name], method)(*args))
+            return _Done(self.slots[slot.name].run(kind, *args))
         except Exception as err:  # raised by fetch, where the op is named
             return _Done(error=err)
 

@@ -5,7 +5,7 @@ own idea of the algorithm. A node op is run in three
 steps:
 
 1. :func:`node_call` gathers the node's inputs from the environment (producer
-   name -> :class:`Batch`) and says which :class:`~hybridflow.runtime.worker.RoleWorker`
+   name -> :class:`Batch`) and says which :class:`~hybridflow.runtime.worker.Worker`
    method to call on which role with which batch (a :class:`WorkerCall`);
 2. the executor calls it: the LocalExecutor directly on its one worker, the
    RayExecutor on every data-parallel rank of the role's pool, each with its
@@ -46,7 +46,7 @@ SEQUENCE_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 @dataclass(frozen=True)
 class WorkerCall:
-    """``RoleWorker.<method>(role, batch, *args)``: what a node asks of the worker(s) hosting its role."""
+    """``Worker.<method>(role, batch, *args)``: what a node asks of the worker(s) hosting its role."""
 
     method: str
     role: str

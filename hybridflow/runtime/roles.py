@@ -32,7 +32,7 @@ from .engines.lora import is_lora
 from .engines.protocols import RolloutEngine
 from .engines.registry import RolloutBuild, build_rollout
 
-__all__ = ["RoleSpec", "build_engines", "build_role_engines", "base_model_view", "RoleEngines"]
+__all__ = ["RoleSpec", "build_engines", "base_model_view", "RoleEngines"]
 
 ModelSource = "str | os.PathLike | torch.nn.Module"
 
@@ -107,15 +107,6 @@ def base_model_view(role: str, spec: RoleSpec, built: Mapping[str, RoleEngines])
         return None
     temperature = spec.sampling.temperature if spec.sampling is not None else 1.0
     return RoleEngines(kind="reference", train=BaseModelView(policy.train, role=role, temperature=temperature))
-
-
-def build_role_engines(roles: Mapping[str, tuple[str, RoleSpec]], device: str) -> dict[str, RoleEngines]:
-    """The engines of several roles in one process (role -> (kind, spec)); a reference of a LoRA policy built here
-    shares the policy's module (:func:`base_model_view`)."""
-    built: dict[str, RoleEngines] = {}
-    for name, (kind, spec) in sorted(roles.items(), key=lambda item: item[1][1].base_of is not None):
-        built[name] = base_model_view(name, spec, built) or build_engines(name, kind, spec, device)
-    return {name: built[name] for name in roles}
 
 
 def _policy(role: str, spec: RoleSpec, device: str) -> RoleEngines:

@@ -15,7 +15,7 @@ import argparse
 import os
 from pathlib import Path
 
-__all__ = ["export_checkpoint", "add_arguments", "run"]
+__all__ = ["export_checkpoint", "model_from_export", "add_arguments", "run"]
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, role: str | None = None,
@@ -25,7 +25,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, r
 
     A folder ``to`` that already holds files is refused (OutputDirError) unless ``overwrite``; a folder that
     cannot be written (read-only, full) is a WriteError naming the file."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
     from ..data import load_tokenizer
     from ..errors import CheckpointError, OutputDirError, WriteError
@@ -53,12 +53,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, r
     if (hf / ADAPTER_CONFIG).is_file():
         model = _merged(hf, weights, base_model, f"{path}: role {role!r}")
     else:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf))
-        model.to(next(iter(weights.values())).dtype)
-        try:
-            model.load_state_dict(weights, strict=True)
-        except RuntimeError as err:
-            raise CheckpointError(f"{path}: the saved weights of {role!r} do not fit its saved config ({err})") from None
+        model = _with_weights(AutoConfig.from_pretrained(hf), weights, f"{path}: the saved weights of {role!r}")
     if (hf / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(hf)
     out = Path(to)
@@ -69,6 +64,34 @@ def export_checkpoint(checkpoint: str | os.PathLike, to: str | os.PathLike, *, r
     except OSError as err:
         raise WriteError(f"export of {path} to {str(out)!r}", err) from None
     return out
+
+
+def _with_weights(config, weights: dict, what: str):
+    """A transformers causal LM of ``config`` holding ``weights`` (in their dtype); CheckpointError when they do not fit."""
+    from transformers import AutoModelForCausalLM
+
+    from ..errors import CheckpointError
+
+    model = AutoModelForCausalLM.from_config(config)
+    model.to(next(iter(weights.values())).dtype)
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"{what} do not fit its saved config ({err})") from None
+    return model
+
+
+def model_from_export(exported: dict, *, what: str):
+    """The transformers model an ``export`` op returned (``Worker.export``: config, generation config, full
+    weights with any LoRA adapters merged), in eval mode."""
+    from ..errors import ExecutionError
+
+    if exported.get("config") is None:
+        raise ExecutionError(f"{what}: its train module is not a transformers model (no config); it cannot be exported")
+    model = _with_weights(exported["config"], exported["model"], f"{what}: the trained weights")
+    if exported.get("generation_config") is not None:
+        model.generation_config = exported["generation_config"]
+    return model.eval()
 
 
 def _merged(hf: Path, adapters: dict, base_model: str | None, what: str):

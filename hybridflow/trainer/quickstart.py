@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _answers(trainer) -> list[str]:
     from .rollout_manager import RolloutManager
 
-    manager = RolloutManager(trainer.actor_engines().train.module, trainer.tokenizer)
+    manager = RolloutManager(trainer.policy_model(), trainer.tokenizer)
     texts = manager.generate(list(SAMPLE_PROMPTS), greedy=True, max_new_tokens=trainer.max_response_length)
     sums = [str(sum(int(x) for x in p[:-1].split("+"))) for p in SAMPLE_PROMPTS]
     return [f"{p}{t}" + (" ✓" if t == s else " ✗") for p, t, s in zip(SAMPLE_PROMPTS, texts, sums)]

@@ -1,8 +1,11 @@
 """Saving a run as a checkpoint, and picking a run up from one (``resume``).
 
-The model and optimizer state is written and read by the workers that hold it, each its own shard
-(:mod:`hybridflow.runtime.shard_calls`); this process handles JSON only: the rollouts' sampling state, and the
-controller's own state, which the trainer gives to :func:`save_run` and reads back from the checkpoint that
+Every role's state is written and read by the workers that hold it, as the ops of a checkpoint or
+restore plan derived from the training plan (:func:`hybridflow.compiler.control.control_plan`: each
+slot its own shard, the sampler's RNG per rank; onloaded first where the training plan offloads the
+role, and a restore syncs the policy's rollout engine to the loaded weights); this process handles
+JSON only: the sections the workers return (:mod:`.run_state`), and the controller's own state,
+which the trainer gives to :func:`save_run` and reads back from the checkpoint that
 :func:`resume_run` / :func:`resume_newest` loaded. What a checkpoint is written from and loaded into is a
 :class:`CheckpointScope`. A checkpoint written at
 one data-parallel size resumes at another (DCP reshards).
@@ -22,22 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..compiler.control import control_plan, trained_roles
 from ..compiler.plan import ExecutionPlan
 from ..errors import CheckpointError, OutputDirError
 from ..runtime.engines.lora import ADAPTER_CONFIG, settings_adapter_config
-from ..runtime.shard_calls import load_train_states, save_train_states
 from .checkpoint import (CHECKPOINTS, TENSORS, LoadedCheckpoint, list_checkpoints, newest_checkpoint, read_checkpoint,
                          save_checkpoint)
 from .config import RUN_CONTROL_FIELDS, PPOConfig, config_hash
-from .run_state import capture_json, restore
+from .run_state import capture_json, restore, role_sections, state_sections
 from .setup import RunInputs
 
 if TYPE_CHECKING:
-    from ..graph import Graph
     from ..runtime.interpreter import PlanExecutor
 
 __all__ = ["CheckpointScope", "save_run", "check_fresh_start", "resume_run", "resume_newest", "trained_roles",
-           "rollout_engines"]
+           "policy_reports"]
 
 log = logging.getLogger("hybridflow.trainer")
 
@@ -58,33 +60,27 @@ class CheckpointScope:
     """Checkpoints go to ``<output_dir>/checkpoints``."""
 
 
-def trained_roles(graph: "Graph") -> tuple[str, ...]:
-    """The roles ``graph`` updates (their weights and optimizer state are checkpointed), in graph order."""
-    return tuple(dict.fromkeys(n.role for n in graph.nodes if n.kind == "update"))
-
-
-def rollout_engines(executor: "PlanExecutor", plan: ExecutionPlan) -> dict:
-    """Policy role -> its rollout engine: on its own pool, or on its generation pool when ``plan`` gives it one."""
-    engines = {}
-    for role in (r.name for r in plan.graph.roles if r.kind == "policy"):
-        placement = plan.placement(role)
-        engines[role] = executor.workers[placement.generation_pool or placement.pool].engines[role].rollout
-    return engines
+def policy_reports(scope: CheckpointScope) -> dict[str, dict]:
+    """Policy role -> the report of its train engine's worker (``describe``: its model's config, ...)."""
+    policies = [r.name for r in scope.plan.graph.roles if r.kind == "policy"]
+    if not policies:
+        return {}
+    plan = control_plan(scope.plan, "describe", policies)
+    results = scope.executor.run_plan(plan).results
+    return {role: results[f"{role}.describe"][0] for role in policies}
 
 
 def _write_hf_files(scope: CheckpointScope):
-    """Writes each policy's transformers config, generation config and tokenizer under ``hf/<role>``; a LoRA
-    policy's peft ``adapter_config.json`` too, naming its base model."""
+    """Writes each policy's transformers config, generation config and tokenizer under ``hf/<role>`` (the configs
+    as its worker reports them); a LoRA policy's peft ``adapter_config.json`` too, naming its base model."""
     lora = scope.config.lora_settings()
-    plan, workers = scope.plan, scope.executor.workers
 
     def write(folder: Path) -> None:
-        for role in (r.name for r in plan.graph.roles if r.kind == "policy"):
-            module = workers[plan.placement(role).pool].engines[role].train.module
+        for role, report in policy_reports(scope).items():
             target = folder / "hf" / role
-            module.config.save_pretrained(target)
-            if getattr(module, "generation_config", None) is not None:
-                module.generation_config.save_pretrained(target)
+            report["model_config"].save_pretrained(target)
+            if report["generation_config"] is not None:
+                report["generation_config"].save_pretrained(target)
             scope.inputs.tokenizer.save_pretrained(target)
             if lora is not None:  # the checkpoint holds the adapters; export finds their base model here
                 config = settings_adapter_config(lora, base_model=_base_model_path(scope.inputs.actor_path))
@@ -105,12 +101,14 @@ def save_run(scope: CheckpointScope, step: int, controller_state: Mapping[str, A
     start = time.perf_counter()
     state = {"algorithm": scope.algorithm, "config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg),
              **controller_state}
-    rollouts = rollout_engines(scope.executor, scope.plan)
+    plan = control_plan(scope.plan, "save_state")
+    ops = {op.name: op.role for op in plan.ops if op.kind == "save_state"}
 
     def write_shards(folder: Path):
-        """The workers write the trained roles' shards; the controller keeps their JSON and manifest entries."""
-        engines, manifest = save_train_states(scope.executor, trained_roles(scope.plan.graph), folder)
-        return capture_json(engines, rollouts), manifest
+        """The workers write the roles' shards and return their JSON sections and the shards' manifest entries."""
+        results = scope.executor.run_plan(plan, args={name: str(folder) for name in ops}).results
+        sections, manifest = state_sections(ops, {name: results[name] for name in ops})
+        return capture_json(sections), manifest
 
     path = save_checkpoint(scope.output_dir / CHECKPOINTS, step, {}, state, keep=cfg.keep_checkpoints,
                            write_extra=_write_hf_files(scope), write_shards=write_shards)
@@ -197,5 +195,14 @@ def _load(scope: CheckpointScope, found: LoadedCheckpoint) -> None:
         raise CheckpointError(f"{found.path} was written by an older hybridflow (one tensors/ folder written by the "
                               "driver); it can be exported (hybridflow export) but not resumed. Start fresh in another "
                               "output_dir")
-    load_train_states(scope.executor, trained_roles(scope.plan.graph), found.path / TENSORS, found.state["engines"])
-    restore(rollout_engines(scope.executor, scope.plan), found.state)
+    folder = found.path / TENSORS
+    saved = found.state.get("engines", {})
+    for role in trained_roles(scope.plan.graph):
+        if role not in saved or not (folder / role / ".metadata").is_file():
+            raise CheckpointError(f"{found.path}: the checkpoint has no state for role {role!r} (no {TENSORS}/{role}/ "
+                                  f"DCP folder, or no JSON state for it); it holds {sorted(saved)}")
+    plan = control_plan(scope.plan, "load_state")
+    args = {op.name: {"folder": str(folder), **role_sections(found.state, op.role)}
+            for op in plan.ops if op.kind == "load_state"}
+    scope.executor.run_plan(plan, args=args)
+    restore(found.state)

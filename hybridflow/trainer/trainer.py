@@ -98,12 +98,12 @@ class Trainer:
         Called after training started, it replaces the reward source for the steps that follow.
         """
         self._reward_source = reward
-        if self.executor is not None:
-            from ..runtime.roles import build_engines
+        if self.executor is not None:  # the workers build it: a set_reward plan
+            from ..compiler.control import control_plan
 
             role = next(r.name for r in self.graph.roles if r.kind == "reward")
-            worker = self.executor.workers[self.plan.placement(role).pool]
-            worker.engines[role] = build_engines(role, "reward", reward_spec(self.config, self.inputs, reward), worker.device)
+            spec = reward_spec(self.config, self.inputs, reward)
+            self.executor.run_plan(control_plan(self.plan, "set_reward", [role]), args={f"{role}.set_reward": spec})
 
     def build_graph(self) -> Graph:
         """The algorithm's graph with the config's values for the attributes it has."""
@@ -344,21 +344,34 @@ class Trainer:
         metrics.update(self.algorithm_state.advance(metrics))
         return metrics
 
-    # -- engines -------------------------------------------------------------------------------
-    def role_engines(self, role: str):
-        """The engines (:class:`~hybridflow.runtime.roles.RoleEngines`) of ``role``."""
-        return self.executor.workers[self.plan.placement(role).pool].engines[role]
+    # -- what the workers hold, through plans -------------------------------------------------------
+    def describe(self, role: str) -> list[dict]:
+        """What ``role``'s engines are, as its workers report them (``Worker.describe``: engine types, train and
+        sampling settings, trainable parameters, reward function), one report per slot holding them: the role's
+        pool first, then its generation pool."""
+        from ..compiler.control import control_plan
 
-    def rollout_engine(self, role: str):
-        """The rollout engine of policy ``role``: on its own pool, or on its generation pool when the plan gives it one."""
-        placement = self.plan.placement(role)
-        return self.executor.workers[placement.generation_pool or placement.pool].engines[role].rollout
+        plan = control_plan(self.plan, "describe", [role])
+        results = self.executor.run_plan(plan).results
+        return [report for op in plan.ops for report in results[op.name]]
 
-    def actor_engines(self):
-        return self.role_engines(next(r.name for r in self.graph.roles if r.kind == "policy"))
+    def policy_model(self, role: str | None = None):
+        """The trained model of policy ``role`` (default: the first policy) as a transformers model on this process:
+        its worker's weights (gathered on a sharded pool), LoRA adapters merged, in eval mode (an ``export`` plan)."""
+        from ..compiler.control import control_plan
+        from .export import model_from_export
 
-    def reward_source(self):
-        return self.role_engines(next(r.name for r in self.graph.roles if r.kind == "reward")).reward
+        role = role or next(r.name for r in self.graph.roles if r.kind == "policy")
+        result = self.executor.run_plan(control_plan(self.plan, "export", [role])).results[f"{role}.export"][0]
+        return model_from_export(result, what=f"role {role!r}")
+
+    def train_state(self, role: str) -> dict:
+        """The whole train state of ``role`` (model, optimizer, schedule; full tensors, gathered on a sharded pool),
+        as its workers hold it now (an ``export`` plan with the optimizer)."""
+        from ..compiler.control import control_plan
+
+        plan = control_plan(self.plan, "export", [role], items=("optimizer",))
+        return self.executor.run_plan(plan).results[f"{role}.export"][0]["train_state"]
 
     # -- validation ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -24,7 +24,7 @@ from hybridflow.runtime.engines import SamplingParams, TrainEngineConfig
 from hybridflow.batch import Batch
 from hybridflow.runtime.local import LocalExecutor
 from hybridflow.runtime.roles import RoleSpec
-from hybridflow.runtime.worker import RoleWorker
+from hybridflow.runtime.worker import Worker
 from hybridflow_ops.rewards.arithmetic import compute_score
 
 torch.set_num_threads(1)
@@ -137,13 +137,13 @@ def test_the_switch_and_the_environment_variable_turn_the_checks_off(monkeypatch
 def test_dims_are_bound_across_the_iteration(monkeypatch):
     # The actor's log-probs come back one token longer than the rollout's responses: R was bound
     # to the response length by actor.generate, so the breach is named at actor.logprob.
-    logprob = RoleWorker.logprob
+    logprob = Worker.logprob
 
     def one_token_too_many(self, role, batch):
         values = logprob(self, role, batch)
         return torch.cat([values, values[:, :1]], dim=1)
 
-    monkeypatch.setattr(RoleWorker, "logprob", one_token_too_many)
+    monkeypatch.setattr(Worker, "logprob", one_token_too_many)
     with pytest.raises(ContractError, match=r"node 'actor.logprob' \(op 'logprob'\), output 'old_log_probs': declared "
                                             r"old_log_probs: float32\[B\*2, R\] but got shape \[4, (\d)\]: dim 1 is \1 but "
                                             r"R = \d in this iteration \(R = \d bound by actor.generate.response_ids\)"):

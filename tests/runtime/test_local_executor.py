@@ -125,7 +125,8 @@ def test_params_set_a_compute_node_for_one_iteration():
 def test_weight_sync_refreshes_a_separate_rollout_copy():
     graph = ALGORITHMS["grpo"].build(n=2, kl_loss=False)
     executor = LocalExecutor(local_plan_for(graph), _specs(graph, share=False, lr=0.05))
-    engines = executor.workers["cpu"].engines["actor"]
+    worker = executor.slots["cpu/rank0"]  # the local transport's own worker
+    engines = worker.engines["actor"]
     assert engines.rollout.model is not engines.train.module
 
     def same():
@@ -135,7 +136,7 @@ def test_weight_sync_refreshes_a_separate_rollout_copy():
     executor.run_iteration({"prompts": _prompts()})
     assert not same()  # the update changed the train copy after this iteration's sync
     sync = next(op for op in executor.plan.ops if op.kind == "weight_sync")
-    executor.workers["cpu"].sync_weights(sync.role)
+    worker.sync_weights(sync.role)
     assert same()
 
 
@@ -198,8 +199,8 @@ def test_placements_compile_bind_and_agree():
     # the rollout pool's engine is a copy of the actor's weights, refreshed by the plan's cross-pool sync
     plan, executor, _ = _two_iterations(*PLACEMENTS["rollout_pool"])
     placement = plan.placement("actor")
-    train = executor.workers[placement.pool].engines["actor"].train.module
-    rollout = executor.workers[placement.generation_pool].engines["actor"].rollout.model
+    train = executor.slots[f"{placement.pool}/rank0"].engines["actor"].train.module
+    rollout = executor.slots[f"{placement.generation_pool}/rank0"].engines["actor"].rollout.model
     assert rollout is not train
     sync = next(op for op in plan.ops if op.kind == "weight_sync")
     assert sync.target_pool == placement.generation_pool
@@ -239,8 +240,8 @@ def test_validation_runs_as_a_plan_on_the_training_pools():
     greedy, sampled = env["actor.generate_greedy"], env["actor.generate"]
     assert greedy["response_ids"].shape[0] == 4 and sampled["response_ids"].shape[0] == 12
     # the sync before generating: the rollout copy now holds the trained weights
-    train = executor.workers["pool0"].engines["actor"].train.module.state_dict()
-    rollout = executor.workers["pool1"].engines["actor"].rollout.model.state_dict()
+    train = executor.slots["pool0/rank0"].engines["actor"].train.module.state_dict()
+    rollout = executor.slots["pool1/rank0"].engines["actor"].rollout.model.state_dict()
     assert all(torch.equal(train[k], rollout[k]) for k in train)
     assert env["reward.score"]["scores"].shape == (4,) and env["reward.score_2"]["scores"].shape == (12,)
     assert executor.iteration == 1 and executor.side_spans and len(executor.recorder.spans) == len(plan.ops)

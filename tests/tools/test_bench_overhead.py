@@ -28,7 +28,7 @@ def test_hand_step_matches_our_step(bench, tmp_path, skip_rows):
 
     args = argparse.Namespace(seed=0, threads=1, prompts=4, group=4, new_tokens=6, lr=2e-3, no_contracts=False)
     trainer = bench._trainer(args, str(tmp_path), skip_rows)
-    ours = trainer.actor_engines().train.module
+    ours = trainer.policy_model()  # the actor's weights now (an export plan)
     hand = bench.HandGRPO(copy.deepcopy(ours), trainer.tokenizer, n=4, new_tokens=6, lr=2e-3,
                           seed=stream_seed(0, "rollout"), skip_rows=skip_rows)
     before = {k: v.clone() for k, v in ours.state_dict().items()}
@@ -41,6 +41,7 @@ def test_hand_step_matches_our_step(bench, tmp_path, skip_rows):
         assert metrics["actor/grad_norm"] == pytest.approx(norm, rel=1e-4)
         # Adam's first steps move a weight by ~lr * g / (|g| + eps): where |g| is near eps (1e-8), float-order
         # differences of g show as up to a few % of lr (2e-3); different math would move most weights by ~lr.
+        now = trainer.policy_model().state_dict()
         for name, value in hand.model.state_dict().items():
-            torch.testing.assert_close(value, ours.state_dict()[name], rtol=1e-4, atol=5e-5)
-    assert any(not torch.equal(before[k], v) for k, v in ours.state_dict().items()), "the steps must train"
+            torch.testing.assert_close(value, now[name], rtol=1e-4, atol=5e-5)
+    assert any(not torch.equal(before[k], v) for k, v in trainer.policy_model().state_dict().items()), "the steps must train"

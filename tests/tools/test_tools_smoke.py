@@ -43,7 +43,7 @@ TOOLS = ROOT / "tools"
 
 SCRIPTS = (
     "bench_agent_calc.py", "bench_agent_rollout.py", "sandbox_faults.py",
-    "bench_checkpoint.py", "bench_contracts.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
+    "bench_checkpoint.py", "bench_contracts.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
@@ -138,6 +138,18 @@ def test_bench_placement_searches_a_small_cluster(capsys):
                      r"iteration [\d.]+ s$", out, re.M), out
     for strategy in ("colocate", "split", "standalone"):
         assert re.search(rf"^  {strategy} +[\d.]+ s$", out, re.M), out
+
+
+def test_count_step_files_lists_the_files_of_one_step(capsys):
+    code, out = run("count_step_files.py", [], capsys)
+    files = [line.split()[0] for line in out.splitlines() if line.startswith("hybridflow/")]
+    total, path = map(int, re.search(r"^(\d+) hybridflow/ files crossed by one training step; (\d+) on the path",
+                                     out, re.M).groups())
+    assert code == 0 and total == len(files) and path == len([f for f in files if "/engines/" not in f])
+    # the step goes from the trainer through the interpreter to the one worker class, and no further than an engine
+    assert {"hybridflow/trainer/trainer.py", "hybridflow/runtime/interpreter.py", "hybridflow/runtime/worker.py",
+            "hybridflow/runtime/local.py"} <= set(files)
+    assert not any(f.startswith(("hybridflow/compiler/", "hybridflow/cli.py")) for f in files)
 
 
 def test_bench_rollout_decode_compares_both_paths(capsys):

@@ -22,8 +22,8 @@ def test_cost_role_scores_with_cost_fn_and_lambda_follows_the_mean_cost(fast_con
     trainer = SafeRLHFTrainer(config=_safe_config(fast_config))
     history = trainer.train()
     # the cost role has its own source; the reward role keeps the reward
-    assert trainer.role_engines("cost").reward.compute_score is long_answer_cost
-    assert trainer.role_engines("reward").reward.compute_score is not long_answer_cost
+    assert trainer.describe("cost")[0]["reward_fn"] is long_answer_cost
+    assert trainer.describe("reward")[0]["reward_fn"] is not long_answer_cost
     # each step ran with the lambda the previous step's mean cost gave: max(0, lambda + 0.5 * (cost - 0.1))
     lambdas = [m["safe/lagrange_lambda"] for m in history]
     assert lambdas[0] == 0.2
@@ -42,8 +42,8 @@ def test_cost_model_name_scores_costs_with_a_model(fast_config, tiny_model_dir):
     trainer = SafeRLHFTrainer(config=_safe_config(fast_config, cost_model_name=tiny_model_dir, max_steps=1, save_freq=0))
     with pytest.warns(UserWarning, match="no trained score head"):  # a new score head on the tiny causal LM
         (metrics,) = trainer.train()
-    assert isinstance(trainer.role_engines("cost").reward, RewardModel)
-    assert trainer.role_engines("reward").reward.compute_score.__name__ == "default_compute_score"  # the rule reward
+    assert trainer.describe("cost")[0]["engines"]["reward"] == RewardModel.__name__
+    assert trainer.describe("reward")[0]["reward_fn"].__name__ == "default_compute_score"  # the rule reward
     assert metrics["critic/costs/mean"] != metrics["critic/score/mean"]
 
 

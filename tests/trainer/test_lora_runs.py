@@ -8,7 +8,6 @@ import torch
 pytest.importorskip("peft", reason="LoRA needs peft (pip install hybridflow[lora])")
 
 from hybridflow.runtime.engines.base_view import BaseModelView  # noqa: E402
-from hybridflow.runtime.engines.lora import adapter_names  # noqa: E402
 from hybridflow.trainer import Trainer  # noqa: E402
 from run_testkit import StopAt, learned  # noqa: E402
 
@@ -24,14 +23,14 @@ def _ppo(fast_config, out, trackers=None, **kw):
 def test_lora_run_shares_the_base_weights_and_resumes_the_same_steps(fast_config, tmp_path):
     full_trainer = _ppo(fast_config, tmp_path / "full", max_steps=4, save_freq=2)
     full = full_trainer.train()
-    actor = full_trainer.actor_engines().train
-    ref = full_trainer.role_engines("ref").train
-    assert isinstance(ref, BaseModelView) and ref.module is actor.module  # one copy of the base weights
+    (actor,), (ref,) = full_trainer.describe("actor"), full_trainer.describe("ref")
+    # one copy of the base weights: the reference computes with the actor's module
+    assert ref["engines"]["train"] == BaseModelView.__name__ and ref["shares_module_with"] == ["actor"]
     assert full_trainer.plan.placement("ref").pool == full_trainer.plan.placement("actor").pool
-    adapters = adapter_names(actor.module)
-    assert {n for n, p in actor.module.named_parameters() if p.requires_grad} == adapters
+    adapters = set(actor["adapters"])
+    assert adapters and set(actor["trainable"]) == adapters
     # the config reaches the plan: the compiler costs the actor with its adapters (what weight syncs send)
-    assert full_trainer.run_spec.model_specs()["actor"].adapter_params == sum(actor.module.get_parameter(n).numel() for n in adapters)
+    assert full_trainer.run_spec.model_specs()["actor"].adapter_params == sum(actor["trainable"][n] for n in adapters)
     assert all(m["weight_sync/actor/mb"] == 0.0 for m in full if "weight_sync/actor/mb" in m)  # shared module: nothing moves
 
     import torch.distributed.checkpoint as dcp
@@ -65,7 +64,7 @@ def test_export_merges_the_adapters_into_a_plain_transformers_model(fast_config,
     assert main(["export", str(trainer.output_dir), "--to", str(tmp_path / "hf")]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert not any("lora" in name or "base_layer" in name for name in exported.state_dict())
-    actor = trainer.actor_engines().train.module
+    actor = trainer.policy_model()  # the trained model as its worker holds it, adapters merged (an export plan)
     ids = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 4, 3, 2]])
     with torch.no_grad():
         lora_logits = actor(input_ids=ids).logits

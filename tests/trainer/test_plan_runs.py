@@ -108,3 +108,15 @@ def test_calibrated_plan_predicts_this_machine(fast_config, tmp_path):
     uncalibrated, _ = _run(fast_config, tmp_path, "datasheet")
     assert trainer.plan.predicted_iteration_s != uncalibrated.plan.predicted_iteration_s
     assert all(op.predicted_end_s > op.predicted_start_s for op in trainer.plan.ops if op.kind == "node")
+
+
+def test_the_rollout_pools_copy_samples_with_the_trained_weights_after_validation(fast_config, tmp_path):
+    """A policy generating on a pool of its own samples with a copy of its weights, which the plans' weight syncs
+    refresh: after the run (whose last step validated after a sync), what the copy samples scores the same under
+    the train engine (a probe plan on the training plan's pools; its own sync first changes nothing)."""
+    from run_testkit import sampled_log_prob_gap
+
+    trainer, history = _run(fast_config, tmp_path, "rollout_pool", max_steps=2)
+    assert trainer.plan.placement("actor").generation_pool == "pool1"
+    assert any(abs(m["actor/pg_loss"]) > 0 for m in history)  # the updates moved the train engine's weights
+    assert sampled_log_prob_gap(trainer, trainer.train_rows[:4], n=2, seed=3) < 1e-5

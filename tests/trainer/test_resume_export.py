@@ -98,7 +98,7 @@ def test_export_generates_the_same_tokens_as_the_trained_actor(fast_config, tmp_
     assert main(["export", str(trainer.output_dir), "--to", str(tmp_path / "hf")]) == 0
     assert "exported to" in capsys.readouterr().out
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    actor = trainer.actor_engines().train.module
+    actor = trainer.policy_model()  # the trained weights, from the worker (an export plan)
     trained, loaded = actor.state_dict(), exported.state_dict()
     assert trained.keys() == loaded.keys() and all(torch.equal(trained[k], loaded[k]) for k in trained)
     tokenizer = load_tokenizer(tmp_path / "hf")

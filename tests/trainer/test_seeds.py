@@ -23,5 +23,5 @@ def test_the_trainer_samples_rollouts_from_their_own_stream(fast_config):
     config = fast_config(seed=5, max_steps=1)
     trainer = Trainer(config, algorithm="grpo")
     trainer.train()
-    sampling = trainer.actor_engines().rollout.sampling
+    sampling = next(r["sampling"] for r in trainer.describe("actor") if r["sampling"] is not None)
     assert sampling.seed == stream_seed(5, "rollout") != config.seed

@@ -185,8 +185,7 @@ def test_packing_and_token_budget_reach_the_actor_critic_and_reference(fast_conf
     trainer = Trainer(fast_config(pack_sequences=True, max_tokens_per_micro_batch=12, micro_batch_size=2),
                       algorithm="ppo")
     trainer.prepare()  # the plan and the engines, no step
-    configs = {role: trainer.executor.workers[trainer.plan.placement(role).pool].engines[role].train.config
-               for role in ("actor", "critic", "ref")}
+    configs = {role: trainer.describe(role)[0]["train_config"] for role in ("actor", "critic", "ref")}
     for role, config in configs.items():
         assert config.pack_sequences and config.max_tokens_per_micro_batch == 12, role
     assert configs["actor"].micro_batch_size == 2 and configs["ref"].micro_batch_size is None  # as before

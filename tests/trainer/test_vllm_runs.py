@@ -14,10 +14,9 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not importable in this environment; `make test-vllm` runs these tests in .venv-vllm")
 
 from hybridflow.algorithms import GRPOTrainer  # noqa: E402
-from hybridflow.runtime.engines import SamplingParams  # noqa: E402
 from hybridflow.trainer.metrics import JsonlTracker  # noqa: E402
 
-from run_testkit import StopAt, learned  # noqa: E402
+from run_testkit import StopAt, learned, sampled_log_prob_gap  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -46,16 +45,9 @@ def test_grpo_with_vllm_rollouts_trains_and_vllm_follows_every_update(fast_confi
     assert not any(op.reuse for op in trainer.plan.ops)  # vLLM's log-probs are never taken for the actor's
     assert len(history) == 3 and all(torch.isfinite(torch.tensor(m["actor/pg_loss"])) for m in history)
     assert any(abs(m["actor/pg_loss"]) > 0 for m in history)
-    # the rollout engine is vLLM, and after the final validation's weight sync it samples from the trained weights
-    rollout = trainer.rollout_engine("actor")
-    assert type(rollout).__name__ == "VLLMRolloutEngine"
-    train = trainer.executor.workers[trainer.plan.placement("actor").pool].engines["actor"].train
-    from hybridflow.data import make_prompt_batch
-
-    prompts = make_prompt_batch(trainer.train_rows[:8], trainer.tokenizer)
-    out = rollout.generate(prompts, SamplingParams(n=2, max_new_tokens=4, seed=3))
-    gap = ((out["rollout_log_probs"] - train.compute_log_probs(out)) * out["response_mask"]).abs().max()
-    assert float(gap) < 1e-4
+    # the rollout engine is vLLM (as its worker reports), and after a weight sync it samples from the trained weights
+    assert [r["engines"].get("rollout") for r in trainer.describe("actor")] == ["VLLMRolloutEngine"]
+    assert sampled_log_prob_gap(trainer, trainer.train_rows[:8], n=2, max_new_tokens=4, seed=3) < 1e-4
 
 
 def test_a_vllm_run_resumes_bit_for_bit(fast_config, llama_dir, tmp_path):
@@ -85,16 +77,10 @@ def test_grpo_with_vllm_rollouts_on_ray_one_step_off_policy(fast_config, llama_d
         assert all(torch.isfinite(torch.tensor(m["actor/pg_loss"])) for m in history)
         assert any(abs(m["actor/pg_loss"]) > 1e-6 for m in history)
         assert all(m["weight_sync/actor/mb"] > 0 for m in history)  # every step's weights went over to the vLLM pool
-        # after the final validation's sync, vLLM (on the generation pool) samples from the trained weights
-        from hybridflow.data import make_prompt_batch
-
-        prompts = make_prompt_batch(trainer.train_rows[:4], trainer.tokenizer)
-        rollout = trainer.rollout_engine("actor")
-        sampled = rollout.generate(prompts, SamplingParams(n=2, max_new_tokens=4, seed=3))
-        train = trainer.executor.workers[actor.pool].engines["actor"].train
-        gap = ((sampled["rollout_log_probs"] - train.compute_log_probs(sampled)) * sampled["response_mask"]).abs().max()
-        assert float(gap) < 1e-4
+        # after a weight sync, vLLM (on the generation pool) samples from the trained weights
+        assert sampled_log_prob_gap(trainer, trainer.train_rows[:4], n=2, max_new_tokens=4, seed=3) < 1e-4
         # the staging folder in /dev/shm is gone once vLLM has read it (ray.kill leaves no clean-up to do)
-        assert not Path(rollout.folder).exists()
+        (report,) = [r for r in trainer.describe("actor") if r["engines"].get("rollout")]
+        assert report["rollout_folder"] and not Path(report["rollout_folder"]).exists()
     finally:
         trainer.executor.shutdown()

@@ -148,7 +148,7 @@ def run(cfg: RunConfig) -> None:
         """GRPO whose validation is the shared greedy evaluation (common.greedy_accuracy)."""
 
         def validate(self):
-            acc = greedy_accuracy(self.actor_engines().rollout.model, tokenizer, rows, cfg.max_new_tokens)
+            acc = greedy_accuracy(self.policy_model(), tokenizer, rows, cfg.max_new_tokens)
             evals.append({"step": self.step, "greedy_accuracy": acc})
             return {"val/score/greedy": acc}
 

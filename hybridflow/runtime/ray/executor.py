@@ -4,15 +4,17 @@ The same interpreter of the same plan as the LocalExecutor (:mod:`..interpreter`
 loop for every executor), distributed:
 
 * **placement** — one placement group per pool (:mod:`.cluster`), one actor per
-  device slot in it, hosting a :class:`~hybridflow.runtime.worker.RoleWorker`
-  for every role placed on the pool (:mod:`..slot_worker`); all slots form one
+  device slot in it, hosting a :class:`~hybridflow.runtime.worker.Worker`
+  with the engines of every role placed on the pool; all slots form one
   ``torch.distributed`` world with a group per pool (FSDP2 when dp > 1) and a
   group per cross-pool weight sync (:mod:`..topology`), meeting at the global
   rank-0 slot's node address and a port it picked there, so the world and its
   groups may span Ray nodes (gloo on CPU, NCCL for groups of CUDA slots);
-* **dispatch** — each op goes to every slot of its pool, the batch split by
-  data-parallel rank and the results merged (:data:`..interpreter.OP_SUBMITTERS`,
-  :mod:`..dispatch`); controller ops (``compute`` nodes) run in this process;
+* **dispatch** — each op goes to every slot of its pool as one ``Worker.run``
+  call, the batch split by data-parallel rank and the results merged
+  (:data:`..interpreter.OP_SUBMITTERS`, :mod:`..dispatch`); controller ops
+  (``compute`` nodes) run in this process; nothing reaches a worker otherwise
+  (checkpoints, exports, validation are plans too);
 * **concurrency** — ops are sent as soon as their dependencies are done and
   every earlier op of the same pool has been sent (the plan's per-pool order),
   without waiting: ops on disjoint pools run at the same time, and the
@@ -38,15 +40,12 @@ import ray
 from ...compiler.plan import ExecutionPlan
 from ...errors import ExecutionError, HybridflowError, PlacementError, WorkerLostError
 from ..interpreter import PlanExecutor
-from ..node_calls import WorkerCall
 from ..roles import RoleSpec
-from ..slot_worker import SlotWorker
 from ..spans import SpanRecorder
-from ..dispatch import balances_tokens, merge_results, split_for_ranks
 from ..topology import Slot, Topology
 from ..weight_sync import DEFAULT_BUCKET_BYTES
+from ..worker import Worker
 from .cluster import DeviceResource, connect, release_pools, replace_lost_nodes, reserve_pools
-from .remote_engines import RemoteWorker
 
 __all__ = ["RayExecutor"]
 
@@ -73,7 +72,7 @@ RESERVE_RETRY_S = 1.0
 killed slots' resources are back (Ray frees them a moment after the processes exit): short attempts, so that
 the restart goes ahead about as soon as they are."""
 
-_RemoteSlot = ray.remote(SlotWorker)
+_RemoteWorker = ray.remote(Worker)
 
 
 def group_backend(ranks, topo: Topology, devices: Mapping[str, str]) -> str:
@@ -107,10 +106,9 @@ class RayExecutor(PlanExecutor):
                  cpus_per_worker: float = 1.0, collective_timeout_s: float = 60.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, seed: int = 0, recorder: SpanRecorder | None = None,
                  pin_cpus: Mapping[str, tuple[int, ...]] | None = None, poll_s: float = 1.0,
-                 setup_timeout_s: float = 600.0, request_timeout_s: float = 600.0):
+                 setup_timeout_s: float = 600.0):
         super().__init__(plan, specs, recorder=recorder)
         self.poll_s = poll_s
-        self.request_timeout_s = request_timeout_s
         self._options = dict(device_resource=device_resource, cpus_per_worker=cpus_per_worker, pin_cpus=dict(pin_cpus or {}),
                              timeout_s=collective_timeout_s, bucket_bytes=bucket_bytes, seed=seed,
                              setup_timeout_s=setup_timeout_s)
@@ -131,7 +129,7 @@ class RayExecutor(PlanExecutor):
             bundle = self._reservation.bundles[slot.pool]
             strategy = PlacementGroupSchedulingStrategy(self._reservation.groups[slot.pool], placement_group_bundle_index=slot.rank)
             specs = {r.role: self.specs[r.role] for r in slot.roles}
-            self._actors[slot.name] = _RemoteSlot.options(
+            self._actors[slot.name] = _RemoteWorker.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
                 max_restarts=0, max_task_retries=0,
             ).remote(slot, specs, timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
@@ -231,26 +229,9 @@ class RayExecutor(PlanExecutor):
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # -- work outside the plan ------------------------------------------------------------------------
-    def call(self, pool: str, call: WorkerCall) -> Any:
-        """One worker call outside the plan, split over the pool's data-parallel ranks and merged."""
-        slots = self.topology.pool_slots(pool)
-        if not slots:
-            raise ExecutionError(f"the plan has no pool {pool!r}; its pools are {', '.join(p.name for p in self.plan.pools)}")
-        split = split_for_ranks(call.method, call.batch, len(slots),
-                                balance_tokens=balances_tokens(self.specs.get(call.role)))
-        refs = {s.name: self.actor(s).run.remote(call.method, call.role, part, call.args) for s, part in zip(slots, split.parts)}
-        results = self.get_all(refs, f"{call.method} of role {call.role!r} on pool {pool!r}", self.request_timeout_s)
-        return merge_results(call.method, split, [results[s.name][0] for s in slots])
-
-    @property
-    def workers(self) -> dict[str, RemoteWorker]:
-        """Pool name -> its engines as seen from here (:mod:`.remote_engines`), like LocalExecutor.workers."""
-        return {pool.name: RemoteWorker(self, pool.name) for pool in self.plan.pools}
-
     # -- the transport: Ray object refs ---------------------------------------------------------------
-    def send(self, slot: Slot, method: str, *args) -> Any:
-        return getattr(self.actor(slot), method).remote(*args)
+    def send(self, slot: Slot, kind: str, *args) -> Any:
+        return self.actor(slot).run.remote(kind, *args)
 
     def wait(self, refs: list, timeout: float) -> None:
         ray.wait(refs, num_returns=1, timeout=timeout)

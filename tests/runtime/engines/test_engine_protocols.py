@@ -15,7 +15,8 @@ from hybridflow.runtime.engines import (ROLLOUT_ENGINES, HFRolloutEngine, Rollou
                                         TrainEngine, TrainEngineConfig, TrainEngineProtocol, build_rollout)
 from hybridflow.runtime.engines.registry import rollout_options
 from hybridflow.runtime.roles import RoleSpec
-from hybridflow.runtime.worker import RoleWorker
+from hybridflow.runtime.topology import RoleSlot, Slot
+from hybridflow.runtime.worker import Worker
 
 
 def _build(model, tokenizer, name="hf", share=True, **options):
@@ -63,10 +64,8 @@ def test_hf_rng_state_round_trips_through_json(model, tokenizer):
 
 
 def test_restore_gives_one_engine_the_streams_of_every_data_parallel_rank(model, tokenizer):
-    """A Ray dp=2 rollout saves {"ranks": [rank 0's state, rank 1's]} (one seed per rank); restoring it into one
-    engine (a resume at dp=1) continues both seeds' streams."""
-    from hybridflow.trainer.run_state import restore, rng_state
-
+    """A Ray dp=2 rollout saves {"ranks": [rank 0's state, rank 1's]} (one seed per rank); a worker restoring it into
+    one engine (a resume at dp=1: ``Worker.load_state``) continues both seeds' streams."""
     rank0, rank1 = _build(model, tokenizer, share=False), _build(copy.deepcopy(model), tokenizer, share=False)
     prompts = prompt_batch(tokenizer)
     for rollout, seed in ((rank0, 3), (rank1, 1003)):
@@ -74,8 +73,10 @@ def test_restore_gives_one_engine_the_streams_of_every_data_parallel_rank(model,
     saved = {"ranks": [rank0.rng_state(), rank1.rng_state()]}
     expected = {seed: r.generate(prompts, SamplingParams(max_new_tokens=4, seed=seed))["response_ids"]
                 for r, seed in ((rank0, 3), (rank1, 1003))}
-    one = _build(copy.deepcopy(model), tokenizer, share=False)
-    restore({"actor": one}, {"rollout_rng": {"actor": saved}, "rng": rng_state()})
+    worker = _worker(RoleSpec(model=copy.deepcopy(model), tokenizer=tokenizer, train=TrainEngineConfig(lr=1e-2),
+                              sampling=SamplingParams(max_new_tokens=4, seed=3), share_rollout_module=False))
+    worker.load_state("actor", (), {"rollout_rng": saved})
+    one = worker.engines["actor"].rollout
     for seed, ids in expected.items():
         assert torch.equal(one.generate(prompts, SamplingParams(max_new_tokens=4, seed=seed))["response_ids"], ids)
 
@@ -91,13 +92,21 @@ def test_update_weights_takes_buckets_and_names_a_wrong_tensor(model, tokenizer)
         rollout.update_weights([("nope", torch.zeros(1))])
 
 
+def _worker(spec: RoleSpec) -> Worker:
+    """A worker hosting one policy role ``actor`` on the CPU, as the LocalExecutor builds its slots."""
+    slot = Slot(pool="cpu", rank=0, global_rank=0, device="cpu", roles=(RoleSlot("actor", "policy", True, True, 1),))
+    worker = Worker(slot, {"actor": spec}, seed=None)
+    worker.setup_local("cpu", {})
+    return worker
+
+
 def test_worker_syncs_and_offloads_through_the_protocol(model, tokenizer):
     # a policy whose rollout engine holds its own copy: sync copies every tensor, offload sleeps the rollout copy
     spec = RoleSpec(model=model, tokenizer=tokenizer, train=TrainEngineConfig(lr=1e-2), share_rollout_module=False)
-    worker = RoleWorker("cpu", {"actor": ("policy", spec)})
+    worker = _worker(spec)
     engines = worker.engines["actor"]
     assert worker.sync_weights("actor").tensors == len(model.state_dict())
-    shared = RoleWorker("cpu", {"actor": ("policy", RoleSpec(model=model, tokenizer=tokenizer))})
+    shared = _worker(RoleSpec(model=model, tokenizer=tokenizer))
     assert shared.sync_weights("actor").tensors == 0
     worker.offload("actor", ["params", "optimizer"])
     worker.onload("actor", ["params", "optimizer"])

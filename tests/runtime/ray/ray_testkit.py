@@ -164,3 +164,28 @@ def kill_when_marked(marker: str):
         return compute_score(data_source, solution_str, ground_truth, extra_info)
 
     return compute
+
+
+# -- what the workers hold, through plans and the transport --------------------------------------------
+
+def train_state(executor, role: str) -> dict:
+    """``role``'s whole train state (model, optimizer, schedule; full tensors, gathered on a sharded pool): an
+    ``export`` plan with the optimizer."""
+    from hybridflow.compiler.control import control_plan
+
+    plan = control_plan(executor.plan, "export", [role], items=("optimizer",))
+    return executor.run_plan(plan).results[f"{role}.export"][0]["train_state"]
+
+
+def on_pool(executor, pool: str, kind: str, role: str, batch, *args):
+    """The node method ``kind`` of ``role`` on every slot of ``pool``, through the executor's transport, the batch
+    split over the pool's data-parallel ranks and the results merged (as the interpreter sends a node op)."""
+    from hybridflow.runtime.dispatch import balances_tokens, merge_results, split_for_ranks
+
+    slots = executor.topology.pool_slots(pool)
+    split = split_for_ranks(kind, batch, len(slots), balance_tokens=balances_tokens(executor.specs.get(role)))
+    refs = [executor.send(slot, kind, role, part, *args) for slot, part in zip(slots, split.parts)]
+    while not all(executor.ready(refs)):
+        executor.wait(refs, 1.0)
+    results = [executor.fetch(ref, slot, f"{kind} of {role!r}")[0] for ref, slot in zip(refs, slots)]
+    return merge_results(kind, split, results)

@@ -13,13 +13,13 @@ import copy
 
 import pytest
 import torch
-from ray_testkit import TOKENIZER, compiled_plan, prompts, role_specs, tiny_model
+from ray_testkit import TOKENIZER, compiled_plan, on_pool, prompts, role_specs, tiny_model, train_state
 
 from hybridflow.algorithms import ALGORITHMS
+from hybridflow.compiler.control import control_plan
 from hybridflow.runtime.engines import HFRolloutEngine, SamplingParams, TrainEngine, TrainEngineConfig
-from hybridflow.runtime.node_calls import WorkerCall
 from hybridflow.runtime.ray import RayExecutor
-from hybridflow.trainer.run_state import restore, rng_state
+from hybridflow.trainer.run_state import role_sections, state_sections
 
 TERMS = [("ppo_clip", 1.0, {}), ("kl_loss", 0.1, {"kl_type": "low_var_kl"}), ("entropy_bonus", 0.01, {})]
 CONFIG = dict(lr=1e-2, ppo_epochs=2, micro_batch_size=2)
@@ -42,15 +42,15 @@ def test_dp2_fsdp_update_equals_dp1(ray_cluster):
     batch = _batch()
     single = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32", **CONFIG))
     with RayExecutor(plan, role_specs(graph, **CONFIG)) as executor:
-        remote = executor.workers["pool0"].engines["actor"].train
-        assert type(remote).__name__ == "RemoteObject" and remote.dp_size == 2  # an FSDPTrainEngine on two ranks
-        log_probs = executor.call("pool0", WorkerCall("logprob", "actor", batch))
+        (report, _) = [r for r in executor.run_plan(control_plan(plan, "describe", ["actor"])).results["actor.describe"]]
+        assert report["engines"]["train"] == "FSDPTrainEngine"  # an FSDPTrainEngine on two ranks
+        log_probs = on_pool(executor, "pool0", "logprob", "actor", batch)
         assert (log_probs - single.compute_log_probs(batch)).abs().max() <= 1e-6
-        metrics = executor.call("pool0", WorkerCall("update", "actor", batch, (TERMS,)))
+        metrics = on_pool(executor, "pool0", "update", "actor", batch, TERMS)
         expected = single.update(batch, TERMS)
         for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/grad_norm"):
             assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
-        state = remote.state_dict()  # full tensors gathered from the shards on rank 0
+        state = train_state(executor, "actor")  # full tensors gathered from the shards on rank 0 (an export plan)
     weights = single.module.state_dict()
     assert state["model"].keys() == weights.keys()
     # Adam divides by sqrt(v) + eps: for a weight whose gradient is near eps (a token seen once), a float
@@ -80,31 +80,34 @@ def test_dp2_packed_token_budget_update_equals_dp1(ray_cluster):
     single = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32", micro_batch_size=2,
                                                          **{k: config[k] for k in ("lr", "ppo_epochs")}))
     with RayExecutor(plan, role_specs(graph, **config)) as executor:
-        log_probs = executor.call("pool0", WorkerCall("logprob", "actor", batch))
+        log_probs = on_pool(executor, "pool0", "logprob", "actor", batch)
         valid = batch["response_mask"].bool()
         assert (log_probs - single.compute_log_probs(batch))[valid].abs().max() <= 1e-5
-        metrics = executor.call("pool0", WorkerCall("update", "actor", batch, (TERMS,)))
+        metrics = on_pool(executor, "pool0", "update", "actor", batch, TERMS)
     expected = single.update(batch, TERMS)
     for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/grad_norm"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
 
 
 @pytest.mark.e2e
-def test_dp2_rollout_rng_state_continues_every_rank(ray_cluster):
-    """A data-parallel rollout samples with a seed per rank: its saved state holds every rank's stream, and
-    restoring it makes each rank redraw exactly what it drew after the save (rank 1 too, not only rank 0)."""
+def test_dp2_rollout_rng_state_continues_every_rank(ray_cluster, tmp_path):
+    """A data-parallel rollout samples with a seed per rank: its saved state (a checkpoint plan's) holds every rank's
+    stream, and restoring it (a restore plan) makes each rank redraw exactly what it drew after the save (rank 1
+    too, not only rank 0)."""
     graph = ALGORITHMS["rloo"].build(n=2)
     plan = compiled_plan(graph, "colocate", 2)
     assert plan.placement("actor").layout.dp == 2
     batch = prompts(0, count=4)
-    generate = WorkerCall("generate", "actor", batch, ({"seed": 11, "max_new_tokens": 6},))
+    overrides = {"seed": 11, "max_new_tokens": 6}
+    save, load = control_plan(plan, "save_state", ["actor"]), control_plan(plan, "load_state", ["actor"])
     with RayExecutor(plan, role_specs(graph)) as executor:
-        rollout = executor.workers["pool0"].engines["actor"].rollout
-        executor.call("pool0", generate)
-        saved = rollout.rng_state()
-        assert len(saved["ranks"]) == 2
-        after_save = executor.call("pool0", generate)["response_ids"]
-        executor.call("pool0", generate)  # move every stream on
-        restore({"actor": rollout}, {"rollout_rng": {"actor": saved}, "rng": rng_state()})
-        replayed = executor.call("pool0", generate)["response_ids"]
+        on_pool(executor, "pool0", "generate", "actor", batch, overrides)
+        results = executor.run_plan(save, args={"actor.save_state": str(tmp_path)}).results
+        sections, _ = state_sections({"actor.save_state": "actor"}, results)
+        assert len(sections["rollout_rng"]["actor"]["ranks"]) == 2
+        after_save = on_pool(executor, "pool0", "generate", "actor", batch, overrides)["response_ids"]
+        on_pool(executor, "pool0", "generate", "actor", batch, overrides)  # move every stream on
+        saved = role_sections(sections, "actor")
+        executor.run_plan(load, args={"actor.load_state": {"folder": str(tmp_path), **saved}})
+        replayed = on_pool(executor, "pool0", "generate", "actor", batch, overrides)["response_ids"]
     assert torch.equal(replayed, after_save)

@@ -6,8 +6,8 @@ while scoring the marked sample. Rank 0 carries on into the next collective op o
 forever; the executor does not wait for it: the dead rank's failure is reported at once, as a
 WorkerLostError naming the pool, the rank and the roles (the dead rank's, not the model pool that a
 collective timeout would have named: which one the message names is what shows it did not wait). ``restart()`` builds a fresh worker group;
-loading the state captured after step 1 into it and replaying step 2 gives step 2's metrics again
-(greedy sampling: the rollout draws no random numbers, so the state dicts are the whole state).
+loading the state checkpointed after step 1 into it (the checkpoint and restore plans) and replaying step 2 gives
+step 2's metrics again (greedy sampling: the rollout draws no random numbers).
 """
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import pytest
 from ray_testkit import kill_on_marker, marked_prompts, placement_plan, prompts, role_specs
 
 from hybridflow.algorithms import ALGORITHMS
+from hybridflow.compiler.control import control_plan
 from hybridflow.errors import WorkerLostError
 from hybridflow.runtime.engines import SamplingParams
 from hybridflow.runtime.ray import RayExecutor
+from hybridflow.trainer.run_state import role_sections, state_sections
 
 TRAINED = ("actor", "critic")
 
@@ -27,16 +29,17 @@ def _learned(metrics: dict) -> dict:
 
 
 @pytest.mark.e2e
-def test_killed_worker_is_named_and_a_restarted_group_continues_from_a_checkpoint(ray_cluster):
+def test_killed_worker_is_named_and_a_restarted_group_continues_from_a_checkpoint(ray_cluster, tmp_path):
     graph = ALGORITHMS["ppo"].build()
     specs = role_specs(graph, reward=kill_on_marker)
     specs["actor"].sampling = SamplingParams(max_new_tokens=3, greedy=True)
-    with RayExecutor(placement_plan(graph, "colocate"), specs, collective_timeout_s=20) as executor:
-        def engines(role):
-            return executor.workers["pool0"].engines[role].train
-
+    plan = placement_plan(graph, "colocate")
+    save, load = control_plan(plan, "save_state", TRAINED), control_plan(plan, "load_state", TRAINED)
+    ops = {op.name: op.role for op in save.ops if op.kind == "save_state"}
+    with RayExecutor(plan, specs, collective_timeout_s=20) as executor:
         executor.run_iteration({"prompts": prompts(0)})
-        checkpoint = {role: engines(role).state_dict() for role in TRAINED}
+        results = executor.run_plan(save, args={name: str(tmp_path) for name in ops}).results
+        checkpoint, _ = state_sections(ops, {name: results[name] for name in ops})
         step2 = _learned(executor.run_iteration({"prompts": prompts(1)}).metrics)
 
         with pytest.raises(WorkerLostError) as caught:  # Ray reports the dead process: no collective waits out its timeout
@@ -47,8 +50,8 @@ def test_killed_worker_is_named_and_a_restarted_group_continues_from_a_checkpoin
         assert "pool 'pool0'" not in message
 
         executor.restart()
-        for role in TRAINED:
-            engines(role).load_state_dict(checkpoint[role])
+        executor.run_plan(load, args={op.name: {"folder": str(tmp_path), **role_sections(checkpoint, op.role)}
+                                      for op in load.ops if op.kind == "load_state"})
         replay = _learned(executor.run_iteration({"prompts": prompts(1)}).metrics)
     assert replay.keys() == step2.keys()
     for key in step2:

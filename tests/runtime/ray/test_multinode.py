@@ -108,7 +108,7 @@ def test_a_dp2_checkpoint_resumes_at_dp1(cluster, ppo_dp2, tmp_path):
         resumed.prepare()
         assert resumed.resumed_from == trainer.last_checkpoint
         assert [len(p.devices) for p in resumed.plan.pools if p.name == "pool0"] == [1]
-        state = resumed.role_engines("actor").train.state_dict()  # the dp=1 engine's whole state, fetched to check
+        state = resumed.train_state("actor")  # the dp=1 engine's whole state, fetched to check (an export plan)
         for name, tensor in state["model"].items():
             assert tensor.equal(saved.tensors[f"actor/model/{name}"]), name
         for index, entry in state["optimizer"]["state"].items():
@@ -137,8 +137,8 @@ class KillNodeInStep:
         executor = self.trainer.executor
         send = executor.send
 
-        def send_and_kill(slot, method, *args):
-            if self.killed_at is None and method == "run" and args[0] == "update":
+        def send_and_kill(slot, kind, *args):
+            if self.killed_at is None and kind == "update":
                 self.node_id = executor.slot_info[f"{self.pool}/rank1"]["node_id"]
                 (node,) = [n for n in self.cluster.workers if n.node_id == self.node_id]
                 self.cluster.remove_node(node, allow_graceful=False)  # SIGKILL: the machine is gone
@@ -146,7 +146,7 @@ class KillNodeInStep:
                 self.cluster.workers.append(self.cluster.add_node(num_cpus=1))  # a machine that joins to replace it
                 TIMINGS["a raylet joins"] = time.perf_counter() - self.killed_at
                 executor.send = send
-            return send(slot, method, *args)
+            return send(slot, kind, *args)
 
         executor.send = send_and_kill  # the executor's transport (PlanExecutor.send), wrapped for this one call
 

@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from ray_testkit import compiled_plan, grpo_tis, prompts, role_specs, tiny_model
+from ray_testkit import compiled_plan, grpo_tis, prompts, role_specs, tiny_model, train_state
 
 from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
 from hybridflow.runtime.ray import RayExecutor
@@ -36,12 +36,11 @@ def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluste
     with RayExecutor(plan, role_specs(graph, lr=5e-2), pin_cpus={"pool1": (0,), "pool0": (last,)}) as executor:
         # each pool's worker runs on the core it was pinned to
         assert executor.slot_info["pool1/rank0"]["cpus"] == [0] and executor.slot_info["pool0/rank0"]["cpus"] == [last]
-        actor = executor.workers["pool0"].engines["actor"].train
-        weights = [actor.state_dict()["model"]]  # weights[i]: before step i's update
+        weights = [train_state(executor, "actor")["model"]]  # weights[i]: before step i's update (an export plan)
         results = []
         for i in range(3):
             results.append(executor.run_iteration(batches[i], next_inputs=batches[i + 1]))
-            weights.append(actor.state_dict()["model"])
+            weights.append(train_state(executor, "actor")["model"])
         spans = executor.trace_spans()
     assert [r.metrics["rollout/staleness"] for r in results] == [0.0, 1.0, 1.0]
     for i, result in enumerate(results):

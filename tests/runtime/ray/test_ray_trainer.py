@@ -1,8 +1,8 @@
 """The trainer with ``executor="ray"``: the same run as the local executor, checkpoints and resumption included.
 
-The trainer reaches the engines on the Ray workers for validation and checkpoints through
-``executor.workers[pool].engines[role]`` (hybridflow.runtime.ray.remote_engines), exactly as it
-reaches the local ones; with one device per pool the two executors must give the same metrics,
+The trainer reaches the Ray workers for validation and checkpoints with plans derived from the
+training plan (hybridflow.compiler.control), exactly as it reaches the local ones; with one device
+per pool the two executors must give the same metrics,
 and a Ray run resumed from a checkpoint must continue as the uninterrupted run does.
 """
 from __future__ import annotations

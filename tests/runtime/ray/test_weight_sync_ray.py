@@ -7,18 +7,14 @@ over a process group spanning it and the rollout workers; small buckets make it 
 from __future__ import annotations
 
 import pytest
-import torch
-from ray_testkit import compiled_plan, prompts, role_specs
+from ray_testkit import compiled_plan, on_pool, prompts, role_specs, train_state
 
 from hybridflow.algorithms import ALGORITHMS
+from hybridflow.compiler.control import control_plan
 from hybridflow.runtime.ray import RayExecutor
 from hybridflow.runtime.spans import chrome_trace
 
 BUCKET = 16 * 2**10
-
-
-def _max_gap(state_a: dict, state_b: dict) -> float:
-    return max(float((state_a[k] - state_b[k]).abs().max()) for k in state_a)
 
 
 @pytest.mark.e2e
@@ -29,10 +25,10 @@ def test_cross_pool_broadcast_keeps_rollout_in_step_with_training(ray_cluster):
     assert (sync.pool, sync.target_pool) == ("pool0", "pool1")
     # four model slots and the reward's host slot on the test cluster's 4 CPUs
     with RayExecutor(plan, role_specs(graph, lr=5e-2), bucket_bytes=BUCKET, cpus_per_worker=0.75) as executor:
-        train = executor.workers["pool0"].engines["actor"]
-        rollout = executor.workers["pool1"].engines["actor"]
-        assert train.rollout is None and rollout.train is None  # each pool holds its half of the policy
-        model_bytes = sum(t.numel() * t.element_size() for t in train.train.state_dict()["model"].values())
+        reports = executor.run_plan(control_plan(plan, "describe", ["actor"])).results
+        train, rollout = reports["actor.describe"][0]["engines"], reports["actor.describe@pool1"][0]["engines"]
+        assert set(train) == {"train"} and set(rollout) == {"rollout"}  # each pool holds its half of the policy
+        model_bytes = sum(t.numel() * t.element_size() for t in train_state(executor, "actor")["model"].values())
         for step in range(2):
             result = executor.run_iteration({"prompts": prompts(step)})
             batch = result.env["actor.generate"]
@@ -43,10 +39,11 @@ def test_cross_pool_broadcast_keeps_rollout_in_step_with_training(ray_cluster):
             assert result.metrics["weight_sync/actor/buckets"] >= 4
             assert result.metrics["weight_sync/actor/mb"] == pytest.approx(model_bytes / 2**20)
             assert 0 < result.metrics["weight_sync/actor/peak_mb"] <= 2 * BUCKET / 2**20
-            # The update came after this step's sync: training moved on, the rollout copy did not (yet).
-            trained = train.train.state_dict()["model"]
-            sampled = rollout.rollout.model.state_dict()
-            assert _max_gap(trained, sampled) > 1e-4
+            # The update came after this step's sync: training moved on, the rollout copy did not (yet): what it
+            # samples now has other log-probs under the trained weights.
+            probe = on_pool(executor, "pool1", "generate", "actor", prompts(step + 5), {"seed": 3})
+            trained = on_pool(executor, "pool0", "logprob", "actor", probe)
+            assert ((probe["rollout_log_probs"] - trained) * probe["response_mask"]).abs().max() > 1e-4
         spans = [s for s in executor.trace_spans() if s.kind == "weight_sync"]
         assert {s.device for s in spans} >= {"pool0/rank0", "pool0/rank1", "pool1/rank0", "pool1/rank1"}
         assert chrome_trace(spans)["traceEvents"]
