@@ -13,6 +13,9 @@ goes to a folder of the test session, not the user's ~/.cache: a profile measure
 suite loads the machine would otherwise make later real runs predict from it. The folder is made
 once, in the process that starts the workers, so that both workers (and the processes they start)
 share it: a profile one of them measured is not measured again by the other.
+
+The fixtures of the tests that train (``tiny_model_dir``: a tiny random-weight model folder, made once per
+process; ``fast_config``: a PPOConfig factory for a few quick steps on it) are at the end.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ os.environ.setdefault("HYBRIDFLOW_TEST_CACHE", os.environ["HYBRIDFLOW_CACHE"])  
 # whole session (in every test process, whichever test starts Ray first) print stays print.
 os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Hypothesis checks nothing about time here: by default it fails an example that runs longer than
@@ -78,3 +82,27 @@ def pytest_collection_modifyitems(config, items):
         return len(LONGEST) + (0 if item.get_closest_marker("e2e") is not None else 1)
 
     items.sort(key=rank)
+
+
+# -- fixtures of the tests that train (tests/trainer, tests/commands, tests/faults, ...) ----------------
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from hybridflow.data import create_tiny_model_dir
+
+    return str(create_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny", seed=0))
+
+
+@pytest.fixture
+def fast_config(tmp_path, tiny_model_dir):
+    """``fast_config(**overrides)``: a PPOConfig for a few quick steps on the tiny arithmetic model."""
+    from hybridflow import PPOConfig
+
+    def make(**overrides):
+        settings = dict(actor_model_name=tiny_model_dir, output_dir=str(tmp_path / "run"), max_steps=2,
+                        rollout_batch_size=8, max_response_length=3, actor_lr=2e-3, critic_lr=1e-3, val_samples=2,
+                        trackers=("jsonl",), progress_bar=False, num_threads=1)
+        settings.update(overrides)
+        return PPOConfig(**settings)
+
+    return make

@@ -44,8 +44,22 @@ def _spread(values: Sequence[float]) -> tuple[float, float]:
     return min(values), max(values)
 
 
+class _Measured:
+    """The median and spread of ``measured_s`` (seconds per iteration; None when never measured)."""
+
+    measured_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.measured_s) if self.measured_s else None
+
+    @property
+    def spread_s(self) -> tuple[float, float] | None:
+        return _spread(self.measured_s) if self.measured_s else None
+
+
 @dataclass(frozen=True)
-class OpTiming:
+class OpTiming(_Measured):
     """One plan op: predicted seconds against its measured seconds per iteration."""
 
     name: str
@@ -58,14 +72,6 @@ class OpTiming:
     """Seconds in each iteration the op ran in (empty: never measured)."""
 
     @property
-    def median_s(self) -> float | None:
-        return statistics.median(self.measured_s) if self.measured_s else None
-
-    @property
-    def spread_s(self) -> tuple[float, float] | None:
-        return _spread(self.measured_s) if self.measured_s else None
-
-    @property
     def ratio(self) -> float | None:
         """measured median / predicted (None where either is missing or the prediction is 0)."""
         median = self.median_s
@@ -73,21 +79,13 @@ class OpTiming:
 
 
 @dataclass(frozen=True)
-class StepTiming:
+class StepTiming(_Measured):
     """The step: predicted (the plan's makespan) against each step's first op start to last op end (:func:`step_timing`)."""
 
     predicted_s: float
     measured_s: tuple[float, ...]
     iterations: tuple[int, ...]
     """The steps measured: the ``run_iteration`` calls (the iterations, at staleness 0)."""
-
-    @property
-    def median_s(self) -> float | None:
-        return statistics.median(self.measured_s) if self.measured_s else None
-
-    @property
-    def spread_s(self) -> tuple[float, float] | None:
-        return _spread(self.measured_s) if self.measured_s else None
 
 
 def op_timings(plan, spans: Iterable[Span]) -> list[OpTiming]:

@@ -1,18 +1,11 @@
-"""Fixtures of the fault suite: the tiny model, one small finished run with a checkpoint, and the ways
-to make a folder read-only or a disk full that work on this machine (see :mod:`.faultkit`)."""
+"""Fixtures of the fault suite: one small finished run with a checkpoint (of the suite's ``tiny_model_dir``),
+and the ways to make a folder read-only or a disk full that work on this machine (see :mod:`.faultkit`)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    from hybridflow.data import create_tiny_model_dir
-
-    return str(create_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny", seed=0))
 
 
 @pytest.fixture(scope="module")
