@@ -150,6 +150,11 @@ def test_count_step_files_lists_the_files_of_one_step(capsys):
     assert {"hybridflow/trainer/trainer.py", "hybridflow/runtime/interpreter.py", "hybridflow/runtime/worker.py",
             "hybridflow/runtime/local.py"} <= set(files)
     assert not any(f.startswith(("hybridflow/compiler/", "hybridflow/cli.py")) for f in files)
+    # the longest call chain runs from the command line through the same corridor to an op of hybridflow_ops
+    chain = re.search(r"the longest crosses (\d+) hybridflow/ files to reach its op:\n((?:  .*\n?)+)", out)
+    hops = [line.strip().removeprefix("-> ") for line in chain.group(2).splitlines()]
+    assert hops[0] == "hybridflow/cli.py" and hops[-1].startswith("hybridflow_ops/") and int(chain.group(1)) == len(hops) - 1
+    assert hops.index("hybridflow/runtime/interpreter.py") < hops.index("hybridflow/runtime/worker.py")
 
 
 def test_bench_rollout_decode_compares_both_paths(capsys):
