@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("hybridflow.trainer.quickstart", "the seed article's minimal PPO on a tiny model, on CPU, in minutes"),
     "run": ("hybridflow.trainer.run_command", "train as a YAML run file says: run CONFIG.yaml [key=value ...]"),
     "export": ("hybridflow.trainer.export", "write a checkpoint's policy as a transformers model folder"),
+    "explain": ("hybridflow.commands.explain", "a finished run's step: predicted vs measured per op, critical path, cost-model errors"),
+    "diff": ("hybridflow.commands.diff", "two runs compared: config, graph, plan, environment, and the first value that differs"),
     "trajectories": ("hybridflow.commands.trajectories", "print a run's logged multi-turn trajectories readably"),
 }
 

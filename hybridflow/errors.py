@@ -25,6 +25,7 @@ __all__ = [
     "BatchError",
     "WorkerLostError",
     "OutputDirError",
+    "RunFolderError",
     "WriteError",
     "ContractError",
     "AgentError",
@@ -110,6 +111,12 @@ class WorkerLostError(ExecutionError):
 
 class OutputDirError(HybridflowError):
     """An output folder cannot be used: another run holds it, it holds an earlier run's checkpoints, or it is a file."""
+
+
+class RunFolderError(OutputDirError):
+    """A finished run's folder cannot be read (``hybridflow explain``, ``hybridflow diff``): it is not a run's
+    output folder, or a file they need (plan.json, trace.json, config.json, hashes.jsonl) is missing or corrupt.
+    Names the file and how to get it."""
 
 
 class WriteError(OutputDirError):

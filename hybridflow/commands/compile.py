@@ -25,7 +25,7 @@ from ..errors import ConfigError, GraphError
 
 __all__ = ["add_arguments", "add_import_argument", "ALGO_HELP", "run", "machine_for", "add_model_arguments",
            "add_batch_arguments", "add_engine_argument", "parse_engines", "parse_models", "batch_from_args", "load_graph",
-           "summary_lines"]
+           "summary_lines", "placement_lines"]
 
 ALGO_DEFAULTS = {"cluster": "a100-80g:1", "placement": "auto", "staleness": 0, "engine": "fsdp", "prompts": 1024,
                  "prompt_len": 1024, "response_len": 1024, "epochs": 1, "mini_batches": 4}
@@ -148,7 +148,15 @@ def _seconds(value: float | None) -> str:
 
 def summary_lines(report) -> list[str]:
     """The chosen placement, its predicted iteration, each pool's roles and layouts, and the candidates tried."""
-    plan = report.plan
+    lines = placement_lines(report.plan)
+    if len(report.candidates) > 1:
+        tried = ", ".join(f"{label} {_seconds(seconds)}" for label, seconds in report.candidates)
+        lines.append(f"  scheduled candidates: {tried}")
+    return lines
+
+
+def placement_lines(plan) -> list[str]:
+    """A plan's placement and predicted iteration, then one line per pool: its roles and their layouts."""
     lines = [f"placement {plan.strategy}: predicted iteration {_seconds(plan.predicted_iteration_s)}"]
     for pool in plan.pools:
         members = [p for p in plan.placements if p.pool == pool.name or p.generation_pool == pool.name]
@@ -161,9 +169,6 @@ def summary_lines(report) -> list[str]:
             parts.append(f"{p.role} {p.layout}{gen}")
         flag = ", offload" if pool.offload else ""
         lines.append(f"  {pool.name} ({len(pool.devices)} devices{flag}): " + "; ".join(parts))
-    if len(report.candidates) > 1:
-        tried = ", ".join(f"{label} {_seconds(seconds)}" for label, seconds in report.candidates)
-        lines.append(f"  scheduled candidates: {tried}")
     return lines
 
 

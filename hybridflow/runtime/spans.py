@@ -3,7 +3,9 @@
 Every executor records one :class:`Span` per op it runs. :func:`chrome_trace`
 turns them into the Trace Event Format (complete events, ``"ph": "X"``, times
 in microseconds) that ``chrome://tracing`` and ui.perfetto.dev open; each
-device (or worker) is one track.
+device (or worker) is one track. Spans of plans run beside the iterations (validation) carry
+``"beside": true`` in their event's args, so that a reader of the trace (``hybridflow explain``) can
+leave them out of the iterations' timings.
 """
 from __future__ import annotations
 
@@ -70,9 +72,11 @@ class SpanRecorder:
         return self._Timer(self, dict(op=op, node=node, kind=kind, role=role, device=device, iteration=iteration, **order))
 
 
-def chrome_trace(spans: Iterable[Span], *, process: str = "hybridflow run") -> dict:
-    """The Trace Event Format object of ``spans``: one thread track per device."""
+def chrome_trace(spans: Iterable[Span], *, process: str = "hybridflow run", beside: Iterable[Span] = ()) -> dict:
+    """The Trace Event Format object of ``spans``: one thread track per device. Those of ``spans`` that are in
+    ``beside`` (the executor's ``side_spans``: validation) are marked ``"beside": true`` in their args."""
     spans = list(spans)
+    marked = {id(s) for s in beside}
     tracks = {device: i for i, device in enumerate(dict.fromkeys(s.device for s in spans))}
     events: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": process}}]
     events += [{"ph": "M", "pid": 0, "tid": tid, "name": "thread_name", "args": {"name": device}}
@@ -81,7 +85,7 @@ def chrome_trace(spans: Iterable[Span], *, process: str = "hybridflow run") -> d
         events.append({
             "ph": "X", "pid": 0, "tid": tracks[s.device], "name": s.op, "cat": s.kind,
             "ts": round(s.start * 1e6, 3), "dur": round(max(s.end - s.start, 0.0) * 1e6, 3),
-            "args": {k: v for k, v in asdict(s).items() if k not in ("start", "end")},
+            "args": {k: v for k, v in asdict(s).items() if k not in ("start", "end")} | ({"beside": True} if id(s) in marked else {}),
         })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 

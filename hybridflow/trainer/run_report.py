@@ -71,7 +71,7 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
             for path in (trace, timing):
                 _keep_earlier(path, trainer.written_artifacts)
             # one track per worker on Ray (trace_spans), one per device locally
-            paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), trace)
+            paths["trace"] = write_chrome_trace(trainer.executor.trace_spans(), trace, beside=trainer.executor.side_spans)
             spans = [s for s in trainer.executor.recorder.spans if s.iteration >= 1] or trainer.executor.recorder.spans
             table = predicted_vs_measured(trainer.plan, spans)  # iteration 0 warms up
             timing.write_text(table + "\n")
@@ -153,6 +153,10 @@ def summary_lines(trainer: "Trainer", wall_s: float, artifacts: dict[str, Path])
         step = next(line for line in table.splitlines() if line.startswith("step "))
         pred, meas, ratio = step.split()[1:4]
         lines.append(f"step time:  predicted {pred} s, measured {meas} s (ratio {ratio}); per op: {artifacts['timing']}")
+    if trainer.determinism:
+        lines.append(f"determinism: {trainer.determinism}")
+    if trainer.config.record_hashes:
+        lines.append(f"hashes:     {out / 'hashes.jsonl'} (compare runs: hybridflow diff {out} OTHER_RUN)")
     if trainer.last_checkpoint is not None:
         lines.append(f"checkpoint: {trainer.last_checkpoint}")
         lines.append(f"export:     hybridflow export {trainer.last_checkpoint} --to {out / 'hf_model'}")

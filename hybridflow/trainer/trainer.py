@@ -23,10 +23,12 @@ from ..runtime.contracts import set_enabled as set_contract_checks
 from ..runtime.roles import RoleSpec
 from .algorithm_state import AlgorithmState
 from .config import PPOConfig, algorithm_attrs
+from .determinism import check_determinism
 from .metrics import Tracker, nan_streak, recorded_history, timing_metrics
 from .progress import StepProgress
 from .role_specs import reward_spec, role_specs
 from .run_lock import RunLock
+from .run_record import ValueHashes, write_run_record
 from .trajectory_log import log_trajectories
 
 __all__ = ["Trainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer",
@@ -80,6 +82,10 @@ class Trainer:
         self._ahead: tuple[list[dict], Any] | None = None
         """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
         self._validation_plan = None
+        self.value_hashes = None
+        """With ``record_hashes``: the digests of every step's node outputs (:class:`~.run_record.ValueHashes`)."""
+        self.determinism: str | None = None
+        """With ``check_determinism``: its report (bit-identical, or the first edge that differs)."""
         self.written_artifacts: set[Path] = set()
         """trace.json and timing.txt as this trainer wrote them (an earlier run's are kept aside, not replaced)."""
         self._prompt_tokens: dict = {}
@@ -147,6 +153,7 @@ class Trainer:
             (self.output_dir / "plan.json").write_text(self.plan.to_json())
         except OSError as err:
             raise WriteError("the run's plan cannot be written", err, self.output_dir / "plan.json") from None
+        write_run_record(self.output_dir, self.algorithm, cfg)
         recorder = PhaseRecorder(lambda op: self.progress and self.progress.phase(op))
         if cfg.executor == "ray":
             from ..runtime.ray import RayExecutor
@@ -159,6 +166,8 @@ class Trainer:
         self.algorithm_state = AlgorithmState(self.definition.state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
         self._resume()
+        self.value_hashes = ValueHashes(self.output_dir / "hashes.jsonl", resume_step=self.step if self.resumed_from else None,
+                                        plan=self.plan) if cfg.record_hashes else None
         if self._trackers is None:
             self._trackers = build_trackers(cfg, self.output_dir, self.step if self.resumed_from else None)
 
@@ -185,6 +194,8 @@ class Trainer:
             if self.executor is None:
                 stop.at_once = True  # start-up: no step to finish, nothing to save; a Ctrl-C stops it now
                 try:
+                    if self.config.check_determinism and self.determinism is None:
+                        self.determinism = check_determinism(self.config, self.definition, reward=self._reward_source)
                     self.prepare()
                 finally:
                     stop.at_once = False
@@ -286,8 +297,8 @@ class Trainer:
         self.executor.restart()
         self._ahead = None  # its generation died with the workers
         self._restore(resume_newest(self._checkpoint_scope()))
-        for tracker in self._trackers or ():  # the steps after the checkpoint are run again: log each step once
-            if hasattr(tracker, "rewind"):
+        for tracker in [*(self._trackers or ()), *filter(None, [self.value_hashes])]:  # the steps after the checkpoint
+            if hasattr(tracker, "rewind"):                                            # are run again: log each once
                 tracker.rewind(self.step)
         return used + 1
 
@@ -328,6 +339,8 @@ class Trainer:
         metrics["perf/throughput"] = tokens / max(elapsed, 1e-9)
         if self.config.trajectory_log_samples:
             log_trajectories(self.output_dir, self.step, result.env, self.config.trajectory_log_samples)
+        if self.value_hashes is not None:
+            self.value_hashes.record(self.step, result.env)
         metrics.update(self.algorithm_state.advance(metrics))
         return metrics
 
