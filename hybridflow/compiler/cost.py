@@ -108,6 +108,7 @@ class CostOptions(BaseModel):
     rollout_engine: str = Field(default=DEFAULT_ROLLOUT_ENGINE, description="The rollout engine of the generating role (hf, vllm): generation time is scaled by its factor (hybridflow.compiler.rollout_engines) and the plan records it.")
     real_seq_len: float | None = Field(default=None, gt=0, description="Mean real tokens per sequence (prompt + response, no padding) in the train engine's forwards (log-probs, values, update) when it packs sequences or forms micro-batches by a token budget: their compute, communication and activations are priced at this length, never above the padded prompt_len + response_len. Reward-model scores keep the padded width. None: the padded width.")
     tool_call_s: float = Field(default=0.0, ge=0, description="Multi-turn rollouts (generate nodes with env=): expected seconds of one environment step (a tool call). Samples step concurrently, so an iteration waits for about one step per turn after the first.")
+    env_workers: int = Field(default=2, ge=1, description="Multi-turn rollouts: environment worker processes in each generating role's environment pool (the plan's ``env`` pool); each holds whole samples' environments and steps them concurrently on threads.")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 
