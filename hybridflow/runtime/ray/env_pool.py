@@ -25,14 +25,13 @@ from typing import Any, Mapping, Sequence
 import ray
 
 from ...agents.env import resolve_env
+from ...capabilities import ENV_WORKER_THREADS
 from ...compiler.plan import ExecutionPlan
 from ..topology import Topology
 
 __all__ = ["ENV_WORKER_THREADS", "EnvWorker", "RemoteEnv", "RemoteEnvs", "start_env_workers", "attach_env_pools",
            "env_worker_handles"]
 
-ENV_WORKER_THREADS = 32
-"""Environment calls one worker runs at once (its actor's ``max_concurrency``)."""
 
 
 class EnvWorker:

@@ -117,6 +117,8 @@ class RayExecutor(PlanExecutor):
         self._actors: dict[str, Any] = {}
         self._reservation = None
         self.slot_info: dict[str, dict] = {}
+        self.env_workers: dict[str, list] = {}
+        """Environment pool name -> its environment workers' actors (:mod:`.env_pool`)."""
         self._start_workers()
 
     # -- worker group ------------------------------------------------------------------------
@@ -154,9 +156,10 @@ class RayExecutor(PlanExecutor):
 
     def _start_env_pools(self) -> None:
         """The plan's environment pools' workers (:mod:`.env_pool`), attached to the rollout slots; stopped with them."""
-        workers = start_env_workers(self.plan, self._reservation.groups, self._reservation.bundles)
-        self._actors.update(env_worker_handles(workers))
-        ray.get(attach_env_pools(self.plan, self.topology, workers, self.actor), timeout=self._options["setup_timeout_s"])
+        self.env_workers = start_env_workers(self.plan, self._reservation.groups, self._reservation.bundles)
+        self._actors.update(env_worker_handles(self.env_workers))
+        ray.get(attach_env_pools(self.plan, self.topology, self.env_workers, self.actor),
+                timeout=self._options["setup_timeout_s"])
 
     def get_all(self, refs: Mapping[str, Any], what: str, timeout_s: float) -> dict[str, Any]:
         """Wait up to ``timeout_s`` for every ref (slot name -> Ray object ref); slot name -> its value.

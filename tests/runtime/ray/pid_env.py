@@ -16,3 +16,10 @@ class PidCalcEnv(CalcEnv):
     def step(self, action: str):
         observation, reward, done, info = super().step(action)
         return observation, reward, done, {**info, "pid": os.getpid()}
+
+
+class BrokenCalcEnv(CalcEnv):
+    """A calculator whose steps raise: an environment's bug, which the loop reports naming the environment."""
+
+    def step(self, action: str):
+        raise ValueError(f"broken tool on {action!r}")
