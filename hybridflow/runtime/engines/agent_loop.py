@@ -67,7 +67,7 @@ class AgentParams(BaseModel):
     max_turns: int = Field(AGENT_DEFAULTS["max_turns"], ge=1, description="Model turns per sample at most.")
     max_tokens_per_turn: int = Field(AGENT_DEFAULTS["max_tokens_per_turn"], ge=1, description="Tokens one model turn may sample.")
     max_total_tokens: int = Field(AGENT_DEFAULTS["max_total_tokens"], ge=1, description="Tokens of a trajectory (model and observation) at most; R.")
-    tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) concurrently.")
+    tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) concurrently; with environments in an environment pool, at least as many as the pool runs at once (EnvHost.concurrency).")
     gather_s: float = Field(0.005, ge=0.0, description="Steps finishing this long after the first join its decoding batch.")
     observation_role: str | None = Field(None, description="None: an observation is appended as its text. A role ('user', 'tool'): the tokenizer's chat template renders it as a message of that role followed by the generation prompt (the template's opening BOS dropped: it opens a conversation, not a turn).")
 
@@ -75,7 +75,8 @@ class AgentParams(BaseModel):
 class EnvHost(Protocol):
     """Where a rollout's environments live: ``open`` makes ``count`` environments of ``env`` (a spec,
     :func:`~hybridflow.agents.env.resolve_env`) with ``reset``/``step`` (and ``stop_strings`` when the environment
-    has them); ``close`` lets them go after the rollout."""
+    has them); ``close`` lets them go after the rollout. A host whose environments run elsewhere may say how many
+    calls it runs at once (``concurrency``): the loop then keeps that many steps in flight (its threads only wait)."""
 
     def open(self, env: str, count: int) -> list[Any]:
         ...
@@ -183,8 +184,8 @@ def hf_turn_decoder(model: torch.nn.Module, params: SamplingParams, *, eos_token
 
 
 class _Loop:
-    def __init__(self, turns: TurnDecoder, tokenizer, agent: AgentParams):
-        self.turns, self.tokenizer, self.agent = turns, tokenizer, agent
+    def __init__(self, turns: TurnDecoder, tokenizer, agent: AgentParams, threads: int):
+        self.turns, self.tokenizer, self.agent, self.threads = turns, tokenizer, agent, threads
         self.stop_ids: tuple[int, ...] = ()
 
     def observe(self, sample: _Sample, text: str, turn: int) -> None:
@@ -238,7 +239,7 @@ class _Loop:
             self.observe(sample, first, 0)
         ready = [s for s in samples if not s.done]
         pending: dict[cf.Future, _Sample] = {}
-        with cf.ThreadPoolExecutor(self.agent.tool_workers, thread_name_prefix="hf-env") as pool:
+        with cf.ThreadPoolExecutor(self.threads, thread_name_prefix="hf-env") as pool:
             while ready or pending:
                 if ready:
                     self.decode_turn(ready)
@@ -308,7 +309,7 @@ def agent_rollout(turns: TurnDecoder, tokenizer, batch: Batch, params: SamplingP
         for i, row in enumerate(rows):
             prompt = batch["prompt_ids"][i][batch["prompt_mask"][i] != 0].tolist()
             samples.extend(_Sample(prompt, row, environments[i * params.n + k]) for k in range(params.n))
-        loop = _Loop(turns, tokenizer, agent)
+        loop = _Loop(turns, tokenizer, agent, max(agent.tool_workers, getattr(host, "concurrency", 0)))
         loop.run(samples)
     finally:
         host.close(environments)

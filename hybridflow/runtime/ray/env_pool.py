@@ -33,7 +33,6 @@ __all__ = ["ENV_WORKER_THREADS", "EnvWorker", "RemoteEnv", "RemoteEnvs", "start_
            "env_worker_handles"]
 
 
-
 class EnvWorker:
     """One environment worker: the environments of the samples given to it, by key (see the module docstring)."""
 
@@ -95,6 +94,8 @@ class RemoteEnvs:
 
     def __init__(self, workers: Sequence[Any]):
         self.workers = tuple(workers)
+        self.concurrency = len(self.workers) * ENV_WORKER_THREADS
+        """Environment calls the pool runs at once: the agent loop keeps that many steps in flight."""
 
     def open(self, env: str, count: int) -> list[RemoteEnv]:
         prefix = uuid.uuid4().hex
