@@ -66,3 +66,14 @@ def test_a_plan_written_before_env_pools_still_loads(agent_plan):
     loaded = ExecutionPlan.from_json(json.dumps(old))
     verify_plan(loaded)
     assert loaded.placement("actor").env_pool is None and all(p.workers is None for p in loaded.pools)
+
+
+def test_the_placement_drawing_shows_the_env_pool_beside_the_rollout(agent_plan):
+    pytest.importorskip("graphviz")
+    from hybridflow.viz.plan import plan_to_dot
+
+    plan, _ = agent_plan
+    dot = plan_to_dot(plan).source
+    assert "subgraph cluster_env" in dot and "2 environment worker(s) on host CPUs" in dot
+    assert "env.actor" in dot
+    assert "actions → observations" in dot

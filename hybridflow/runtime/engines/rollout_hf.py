@@ -121,7 +121,8 @@ class HFRolloutEngine:
 
     def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams,
                          envs: EnvHost | None = None) -> Batch:
-        """Multi-turn trajectories against ``agent.env`` (:mod:`.agent_loop`), ``n`` per prompt."""
+        """Multi-turn trajectories against ``agent.env`` (:mod:`.agent_loop`), ``n`` per prompt; its environments where
+        ``envs`` puts them (None: in this process)."""
         params = sampling or self.sampling
         switch = self.model.training and not supports_lean(self.model)
         if switch:

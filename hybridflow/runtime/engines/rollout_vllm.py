@@ -306,7 +306,8 @@ class VLLMRolloutEngine:
     def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams,
                          envs: EnvHost | None = None) -> Batch:
         """Multi-turn trajectories against ``agent.env`` (:mod:`.agent_loop`), ``n`` per prompt: each turn is one
-        ``LLM.generate`` call over the samples that are ready, given their token ids (never text)."""
+        ``LLM.generate`` call over the samples that are ready, given their token ids (never text); the environments
+        where ``envs`` puts them (None: in this process)."""
         params = sampling or self.sampling
         self._flush_incomplete()
         longest = max(len(p) for p in _unpadded(batch["prompt_ids"], batch["prompt_mask"])) + agent.max_total_tokens
