@@ -58,3 +58,6 @@ WEIGHT_SYNC_BUCKET_BYTES = 256 * 2**20
 AGENT_DEFAULTS = {"max_turns": 4, "max_tokens_per_turn": 32, "max_total_tokens": 128}
 """The budgets of a multi-turn rollout whose generate node leaves them None: the agent loop
 (``runtime.engines.agent_loop.AgentParams``) runs with them and the cost model prices with them."""
+ENV_WORKER_THREADS = 32
+"""Environment calls (reset, step) one worker of an environment pool runs at once: the Ray actor's
+``max_concurrency`` (``runtime.ray.env_pool``), and what the cost model prices a pool's concurrency with."""

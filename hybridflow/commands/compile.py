@@ -168,6 +168,10 @@ def placement_lines(plan) -> list[str]:
             gen = f" (generate {p.generation_layout})" if p.generation_layout and not p.generation_pool else ""
             parts.append(f"{p.role} {p.layout}{gen}")
         flag = ", offload" if pool.offload else ""
+        if pool.workers:  # an environment pool: worker processes on host CPUs, no devices
+            envs = [p.role for p in plan.placements if p.env_pool == pool.name]
+            lines.append(f"  {pool.name} ({pool.workers} env workers on host CPUs): environments of {', '.join(envs)}")
+            continue
         lines.append(f"  {pool.name} ({len(pool.devices)} devices{flag}): " + "; ".join(parts))
     return lines
 

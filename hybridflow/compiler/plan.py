@@ -86,6 +86,7 @@ class PoolPlan(_Frozen):
     memory_bytes: int | None = Field(None, description="Memory of each device, when known (bytes).")
     offload: bool = Field(False, description="The roles on this pool do not fit together: each one's states go to host memory between its uses (offload/onload ops).")
     slots: tuple[str, ...] = Field((), description="Bound plans: the compiled device names ('n0.d3') that ``devices`` now binds to real devices.")
+    workers: int | None = Field(None, ge=1, description="Environment pools (``env`` / ``env_<role>``: the environment workers of a generating role's multi-turn rollouts): how many environment worker processes it runs, each holding whole samples' environments (reset and every step of a sample on one worker); on Ray each is an actor on a fractional-CPU host bundle, locally they are the rollout's own thread pool. None: a device pool (one worker per device).")
 
 
 class LayoutPlan(_Frozen):
@@ -114,6 +115,7 @@ class RolePlacement(_Frozen):
     generation_pool: str | None = Field(None, description="Pool of the rollout engine when it is not the role's own pool (weights are broadcast to it); None = the role's pool (hybrid engine).")
     memory_bytes: int | None = Field(None, description="Predicted peak memory of this role per device (bytes).")
     rollout_engine: str | None = Field(None, description="Policies that generate: the rollout engine that runs the role's generate nodes (a name in hybridflow.runtime.engines.registry: 'hf', 'vllm'); None: the role does not generate.")
+    env_pool: str | None = Field(None, description="Policies with multi-turn rollouts (generate nodes with env=): the environment pool (a pool with ``workers``) whose workers run the environments' reset and step; None: no environment.")
 
 
 class PlanOp(_Frozen):
@@ -135,6 +137,7 @@ class PlanOp(_Frozen):
     target_pool: str | None = Field(None, description="weight_sync across pools: the pool that receives the weights (None: within the op's pool).")
     rank_groups: tuple[tuple[int, ...], ...] = Field((), description="weight_sync within a pool: the micro-DP groups (pool-local ranks) that all-gather together (HybridFlow §5).")
     note: str = Field("", description="Free text shown in drawings (e.g. 'hybrid engine: micro-dp groups of 2').")
+    env_pool: str | None = Field(None, description="generate node ops with env=: the environment pool whose workers run the samples' environment steps (tool calls) while the op runs; None: no environment.")
     reuse: str | None = Field(None, description="logprob node ops: served on the controller from this generate node's rollout log-probs (the same module and precision sampled them; compiler pass 'reuse'), with no forward pass.")
 
 
@@ -216,6 +219,9 @@ class ExecutionPlan(_Frozen):
             memory = f" x {_gib(pool.memory_bytes)}" if pool.memory_bytes else ""
             flag = " offload" if pool.offload else ""
             bound = f" = {_devices(pool.slots)}" if pool.slots else ""
+            if pool.workers:
+                roles = ", ".join(f"{p.role} (environments)" for p in self.placements if p.env_pool == pool.name) or "-"
+                flag += f" {pool.workers} env worker(s)"
             lines.append(f"pool {pool.name} [{_devices(pool.devices)}{bound}]{memory}{flag}: {roles}")
         for p in self.placements:
             gen = f" [{p.train_engine}]" if p.train_engine != "fsdp" else ""  # the training engine, when not the runtime's
@@ -245,6 +251,8 @@ def _op_line(op: PlanOp) -> str:
     line = f"op {op.name}: {what} on {op.role}@{where}  t={op.predicted_start_s:.4g}..{op.predicted_end_s:.4g}s"
     if op.reuse:
         line += f"  from {op.reuse}'s rollout"
+    if op.env_pool:
+        line += f"  env steps on {op.env_pool}"
     if op.deps:
         line += f"  after {', '.join(op.deps)}"
     if op.iteration_offset:
@@ -300,6 +308,10 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
         for pool in filter(None, (p.pool, p.generation_pool)):
             if pool not in pools:
                 fail(f"role {p.role!r} is placed on unknown pool {pool!r}")
+            if pools[pool].workers:
+                fail(f"role {p.role!r} is placed on environment pool {pool!r}; roles go on device pools")
+        if p.env_pool is not None and (p.env_pool not in pools or not pools[p.env_pool].workers):
+            fail(f"role {p.role!r}: env_pool {p.env_pool!r} is not an environment pool of the plan (a pool with workers)")
         for layout, pool in ((p.layout, p.pool), (p.generation_layout, p.generation_pool or p.pool)):
             if layout is not None and layout.size != len(pools[pool].devices):
                 fail(f"role {p.role!r}: layout {layout} uses {layout.size} devices but pool {pool!r} has {len(pools[pool].devices)}")
@@ -314,6 +326,8 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
         for pool in filter(None, (op.pool, op.target_pool)):
             if pool not in pools:
                 fail(f"op {op.name!r} runs on unknown pool {pool!r}")
+        if op.env_pool is not None and (op.env_pool not in pools or not pools[op.env_pool].workers):
+            fail(f"op {op.name!r}: env_pool {op.env_pool!r} is not an environment pool of the plan (a pool with workers)")
         _check_op_resources(op, pools, fail)
         if op.predicted_end_s < op.predicted_start_s:
             fail(f"op {op.name!r} ends before it starts")

@@ -3,7 +3,7 @@
 A pure function of the plan (no Ray here): :func:`topology` turns an
 :class:`~hybridflow.compiler.plan.ExecutionPlan` into
 
-* one :class:`Slot` per device of every pool — one Ray actor each — with a
+* one :class:`Slot` per device of every device pool — one Ray actor each — with a
   global rank in one ``torch.distributed`` world that spans every slot, a rank
   within its pool, and the roles it hosts (:class:`RoleSlot`: which engines,
   and over how many data-parallel ranks they are spread);
@@ -115,6 +115,8 @@ def topology(plan: ExecutionPlan, role_kinds: Mapping[str, str]) -> Topology:
     slots: list[Slot] = []
     groups: dict[str, tuple[int, ...]] = {}
     for pool in plan.pools:
+        if pool.workers:  # an environment pool: its workers are no device slots (hybridflow.runtime.env_pool)
+            continue
         first = len(slots)
         for rank, device in enumerate(pool.devices):
             slots.append(Slot(pool.name, rank, first + rank, device, tuple(hosted[pool.name])))

@@ -76,6 +76,8 @@ class Worker:
         self.offloaded: dict[str, set[str]] = {}
         self.mailbox: dict[str, list] | None = None
         """Local slots: cross-pool weight syncs in this process (sync group -> the sender's tensors)."""
+        self.env_hosts: dict[str, Any] = {}
+        """Role -> where its multi-turn rollouts' environments live (an agent_loop.EnvHost; none: in this process)."""
 
     # -- set-up ------------------------------------------------------------------------------
     def probe(self, use_gpu: bool, cpus: Sequence[int] = (), threads: int | None = None) -> str:
@@ -205,7 +207,12 @@ class Worker:
         if not hasattr(rollout, "generate_agentic"):
             raise AgentError(f"role {role!r}: a rollout with env={agent.get('env')!r} needs a rollout engine with an "
                              f"agent loop (hf, vllm); {type(rollout).__name__} has none")
-        return rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)))
+        host = {"envs": self.env_hosts[role]} if role in self.env_hosts else {}
+        return rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)), **host)
+
+    def attach_envs(self, role: str, host: Any) -> None:
+        """Run ``role``'s environments where ``host`` (an agent_loop.EnvHost: the plan's environment pool) puts them."""
+        self.env_hosts[role] = host
 
     def logprob(self, role: str, batch: Batch) -> torch.Tensor:
         return self.engines_for(role, "train").train.compute_log_probs(batch)

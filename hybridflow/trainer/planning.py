@@ -98,4 +98,9 @@ def plan_for_run(config: PPOConfig, spec: RunSpec) -> ExecutionPlan:
 
 def plan_summary(plan: ExecutionPlan) -> str:
     """One line per pool: ``pool0 [cpu] actor, ref`` (for the run's log)."""
-    return "; ".join(f"{p.name} [{', '.join(p.devices)}]: {', '.join(plan.roles_on(p.name)) or 'generation'}" for p in plan.pools)
+    def members(pool) -> str:
+        if pool.workers:
+            return f"{pool.workers} env workers of " + ", ".join(p.role for p in plan.placements if p.env_pool == pool.name)
+        return ", ".join(plan.roles_on(pool.name)) or "generation"
+
+    return "; ".join(f"{p.name} [{', '.join(p.devices)}]: {members(p)}" for p in plan.pools)

@@ -6,7 +6,8 @@ layout, its generation layout, its predicted peak memory and the graph nodes
 it runs. A rollout pool of its own holds the generating role's rollout
 engine. Weight-sync ops are drawn as their own boxes — inside the pool for the
 hybrid engine (with its micro-DP groups), or on an edge to the rollout pool
-for a cross-pool broadcast (with buckets and volume). The controller box lists
+for a cross-pool broadcast (with buckets and volume). An environment pool holds
+the environments of a role's multi-turn rollouts, linked to its rollout. The controller box lists
 the compute nodes. Colours follow the graph drawing's role colours.
 """
 from __future__ import annotations
@@ -78,14 +79,21 @@ def plan_to_dot(plan):
         with dot.subgraph(name=f"cluster_{pool.name}") as box:
             memory = f" × {_gib(pool.memory_bytes)}" if pool.memory_bytes else ""
             mode = "offload: each role's states go to host memory between its uses" if pool.offload else ""
-            box.attr(label=_lines(pool.name, f"{len(pool.devices)} device(s){memory}: {_devices(pool.devices)}", mode),
+            what = (f"{pool.workers} environment worker(s) on host CPUs" if pool.workers
+                    else f"{len(pool.devices)} device(s){memory}: {_devices(pool.devices)}")
+            box.attr(label=_lines(pool.name, what, mode),
                      style="rounded,filled", fillcolor="#f4f4f4", color="#888888", fontname="Helvetica")
+            for p in plan.placements:
+                if pool.workers and p.env_pool == pool.name:
+                    box.node(f"env.{p.role}", _lines(f"{p.role}: environments", "reset / step of each sample (tool calls)"),
+                             fillcolor="#e8f4e8")
             for p in plan.placements:
                 if p.pool == pool.name:
                     box.node(f"role.{p.role}", _role_box(plan, p, graph, False), fillcolor=colours.get(p.role, "#ffffff"))
                 if p.generation_pool == pool.name:
                     box.node(f"rollout.{p.role}", _role_box(plan, p, graph, True), fillcolor=colours.get(p.role, "#ffffff"))
-            if not any(p.pool == pool.name or p.generation_pool == pool.name for p in plan.placements):
+            if not any(p.pool == pool.name or p.generation_pool == pool.name or p.env_pool == pool.name
+                       for p in plan.placements):
                 box.node(f"empty.{pool.name}", "(idle)", style="dashed")
             for op in syncs:
                 if op.pool == pool.name:
@@ -94,6 +102,10 @@ def plan_to_dot(plan):
         dot.edge(f"role.{op.role}", f"op.{op.name}", label="after update", style="dashed")
         target = f"rollout.{op.role}" if op.target_pool else f"role.{op.role}"
         dot.edge(f"op.{op.name}", target, label="weights for generation", penwidth="2", color="#c07000")
+    for p in plan.placements:
+        if p.env_pool:
+            source = f"rollout.{p.role}" if p.generation_pool else f"role.{p.role}"
+            dot.edge(source, f"env.{p.role}", label="actions → observations", style="dashed", dir="both")
     compute = [n.name for n in graph.nodes if n.kind == "compute"]
     if compute:
         dot.node("controller", _lines("controller (single process)", f"compute: {', '.join(compute)}"),

@@ -25,9 +25,19 @@ def test_turns_cost_prefills_and_tools_add_one_call_per_turn_after_the_first():
     one_turn = _generate_s(grpo.build(n=4))
     agent = agent_grpo.build(n=4, max_turns=4, max_tokens_per_turn=128, max_total_tokens=512)
     four_turns = _generate_s(agent)
-    with_tools = _generate_s(agent, CostOptions(tool_call_s=2.0))
+    # 64 prompts x 4 = 256 samples; an environment pool of 8 workers steps 8 x 32 of them at once
+    with_tools = _generate_s(agent, CostOptions(tool_call_s=2.0, env_workers=8))
     assert four_turns > one_turn  # same tokens, three more prefills of a longer context
     assert with_tools - four_turns == pytest.approx(3 * 2.0)
+
+
+def test_tool_time_is_priced_on_the_environment_pool():
+    agent = agent_grpo.build(n=4, max_turns=4, max_tokens_per_turn=128, max_total_tokens=512)
+    no_tools = _generate_s(agent)
+    # 256 samples on 2 workers x 32 calls at once: each turn after the first waits 4 rounds of steps
+    assert _generate_s(agent, CostOptions(tool_call_s=2.0, env_workers=2)) - no_tools == pytest.approx(3 * 4 * 2.0)
+    # 3 workers: 96 at once, 3 rounds
+    assert _generate_s(agent, CostOptions(tool_call_s=2.0, env_workers=3)) - no_tools == pytest.approx(3 * 3 * 2.0)
 
 
 def test_one_turn_is_priced_as_before():

@@ -15,6 +15,11 @@ The request (``ctx.placement``, forms in :mod:`.spec`) is resolved to a
 
 Rule-function roles (no model) go to a pool ``host`` of the controller's CPU
 (or to the device a device map names for them).
+
+A role whose generate nodes have an environment (``env=``) gets an environment
+pool, ``env`` (``env_<role>`` when several roles have one): host CPUs running
+``ctx.options.env_workers`` environment workers, which the role's placement and
+its generate ops name (``env_pool``).
 """
 from __future__ import annotations
 
@@ -31,10 +36,12 @@ from .context import CompileContext
 from .lower import device_names
 from .spec import ROLE_ALIASES, ResolvedPlacement, RolloutPool, normalise_device, parse_placement
 
-__all__ = ["HOST", "resolve_placement", "without_generation", "rollout_layout", "with_rollout", "placement"]
+__all__ = ["HOST", "ENV", "resolve_placement", "without_generation", "rollout_layout", "with_rollout", "placement"]
 
 HOST = "host"
 """Pool of rule-function roles: the controller's CPU."""
+ENV = "env"
+"""Pool of a generating role's environment workers (multi-turn rollouts): host CPUs."""
 
 
 def without_generation(workload: Workload) -> Workload:
@@ -173,6 +180,18 @@ def _rule_pools(ctx: CompileContext, pools: list[PoolPlan]) -> dict[str, str]:
     return found
 
 
+def _env_pools(ctx: CompileContext, pools: list[PoolPlan]) -> dict[str, str]:
+    """Environment pool of each role that generates with an environment (added to ``pools``): ``env``, or
+    ``env_<role>`` when several roles have one."""
+    roles = sorted({n.role for n in ctx.graph.nodes if n.kind == "generate" and n.attrs.env is not None})
+    found = {}
+    for role in roles:
+        name = ENV if len(roles) == 1 else f"{ENV}_{role}"
+        pools.append(PoolPlan(name=name, devices=("cpu",), workers=ctx.options.env_workers))
+        found[role] = name
+    return found
+
+
 def _lp(layout: Layout | None) -> LayoutPlan | None:
     return None if layout is None else LayoutPlan(dp=layout.dp, tp=layout.tp, pp=layout.pp)
 
@@ -188,15 +207,17 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
 
     Requires: a plan from ``lower`` (node ops; roles on any pools).
     Guarantees: pools named ``pool0``.. (or ``cpu``/``cuda0`` for a device map,
-    ``host`` for rule roles) with their devices, device memory and offload
+    ``host`` for rule roles, ``env`` for environment workers) with their devices, device memory and offload
     flag; every role placed with its layout, the generating role with its
     generation layout (on ``generation_pool`` when it has a rollout pool);
     every node op on its role's pool (generate ops on the rollout pool);
-    ``strategy`` says how the placement was chosen.
+    generate ops with an environment, and their role's placement, name its
+    environment pool; ``strategy`` says how the placement was chosen.
     """
     resolved = resolve_placement(ctx)
     pools = _pools(resolved, ctx)
     rule_pools = _rule_pools(ctx, pools)
+    env_pools = _env_pools(ctx, pools)
     rollout_pool = pools[len(resolved.placement.pools)].name if resolved.rollout else None
     role_pool, placements = dict(rule_pools), []
     generating = {r.name for r in ctx.workload.roles if r.generates}
@@ -212,7 +233,7 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
         engine = ctx.options.rollout_engine if role.name in generating else None
         placements.append(RolePlacement(role=role.name, pool=role_pool[role.name], layout=_lp(rp.layout),
                                         generation_layout=_lp(gen_layout), generation_pool=gen_pool,
-                                        rollout_engine=engine))
+                                        rollout_engine=engine, env_pool=env_pools.get(role.name)))
     gen_pools = {p.role: p.generation_pool for p in placements if p.generation_pool}
     graph = ctx.graph
     ops = []
@@ -220,7 +241,8 @@ def placement(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
         if op.kind == "node" and op.pool is not None:
             kind = graph.node(op.node).kind
             pool = gen_pools.get(op.role) if kind == "generate" and op.role in gen_pools else role_pool[op.role]
-            op = op.model_copy(update={"pool": pool})
+            env_pool = env_pools.get(op.role) if kind == "generate" and graph.node(op.node).attrs.env else None
+            op = op.model_copy(update={"pool": pool, "env_pool": env_pool})
         ops.append(op)
     return plan.model_copy(update={"pools": tuple(pools), "placements": _with_train_engines(placements, resolved.placement),
                                    "ops": tuple(ops), "strategy": resolved.strategy})

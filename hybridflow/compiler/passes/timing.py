@@ -14,11 +14,12 @@ once per round: its time is multiplied by the region's expected rounds
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from ...capabilities import AGENT_DEFAULTS, WEIGHT_SYNC_BUCKET_BYTES
+from ...capabilities import AGENT_DEFAULTS, ENV_WORKER_THREADS, WEIGHT_SYNC_BUCKET_BYTES
 from ...errors import PlanError
 from ...graph import Node
 from ..cost import CostRecord, Compute, Generate, Infer, Offload, Onload, Score, Update, WeightSync, estimate
@@ -105,15 +106,24 @@ def _model(view: PlanView, role: str):
     return model
 
 
+def _tool_waves(view: PlanView, op: PlanOp, sequences: int) -> int:
+    """Rounds of tool calls one turn's steps take on the op's environment pool: its workers each step
+    ENV_WORKER_THREADS samples at once (1 when the op names no pool: every sample steps at once)."""
+    if op.env_pool is None:
+        return 1
+    workers = view.plan.pool(op.env_pool).workers or 1
+    return math.ceil(sequences / (workers * ENV_WORKER_THREADS))
+
+
 def _generate(view: PlanView, op: PlanOp, node: Node) -> CostRecord:
     p, batch = view.placements[op.role], view.ctx.batch
     used = view.own(op.role, op.pool) + view.others(op.role, op.pool)
     a = node.attrs
     response_len, turns, tool_s = batch.response_len, 1, 0.0
-    if a.env is not None:  # a multi-turn rollout: its token budget, turns (at most) and a tool call between turns
+    if a.env is not None:  # a multi-turn rollout: its token budget, turns (at most) and tool calls between turns
         response_len = a.max_total_tokens or AGENT_DEFAULTS["max_total_tokens"]
         turns = a.max_turns or AGENT_DEFAULTS["max_turns"]
-        tool_s = (turns - 1) * view.ctx.options.tool_call_s
+        tool_s = (turns - 1) * view.ctx.options.tool_call_s * _tool_waves(view, op, batch.prompts * a.n)
     work = Generate(_model(view, op.role), layout_of(p.generation_layout or p.layout), batch.prompts * a.n,
                     batch.prompt_len, response_len, used, samples=a.n, turns=turns, tool_s=tool_s)
     return estimate(work, view.ctx.cluster, view.ctx.options)

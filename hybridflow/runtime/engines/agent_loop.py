@@ -13,6 +13,12 @@ loop decodes the next turn for whichever samples' steps have finished, so a slow
 holds back only its own sample. Steps that finish within ``gather_s`` of the first one join
 the same decoding batch.
 
+Where the environments live is an :class:`EnvHost`'s choice: :class:`InProcessEnvs` (the default,
+the LocalExecutor's) builds them in this process, so their steps run on the loop's threads; the
+RayExecutor's (:mod:`hybridflow.runtime.ray.env_pool`) builds each sample's environment in one
+worker of the plan's environment pool and hands back a proxy whose ``reset``/``step`` call it
+there, so tool calls run in those processes while the loop's threads only wait for them.
+
 A sample stops when its environment says ``done``, after ``max_turns`` model turns, or when
 the trajectory reaches ``max_total_tokens`` (a turn is cut to what is left of the budget, an
 observation too). Outputs (``B = prompts x n`` rows, ``R = max_total_tokens``):
@@ -32,7 +38,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,7 +51,8 @@ from ...batch import Batch
 from .decode import decode
 from .sampling import SamplingParams
 
-__all__ = ["AgentParams", "AGENT_FIELDS", "TurnDecoder", "agent_rollout", "hf_turn_decoder"]
+__all__ = ["AgentParams", "AGENT_FIELDS", "TurnDecoder", "EnvHost", "InProcessEnvs", "env_name", "agent_rollout",
+           "hf_turn_decoder"]
 
 AGENT_FIELDS = ("turn_index", "num_turns", "env_reward", "tool_calls", "tool_errors")
 """The fields an agentic rollout has beyond a single-turn one."""
@@ -60,9 +67,38 @@ class AgentParams(BaseModel):
     max_turns: int = Field(AGENT_DEFAULTS["max_turns"], ge=1, description="Model turns per sample at most.")
     max_tokens_per_turn: int = Field(AGENT_DEFAULTS["max_tokens_per_turn"], ge=1, description="Tokens one model turn may sample.")
     max_total_tokens: int = Field(AGENT_DEFAULTS["max_total_tokens"], ge=1, description="Tokens of a trajectory (model and observation) at most; R.")
-    tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) concurrently.")
+    tool_workers: int = Field(8, ge=1, description="Threads running environment steps (tool calls) concurrently; with environments in an environment pool, at least as many as the pool runs at once (EnvHost.concurrency).")
     gather_s: float = Field(0.005, ge=0.0, description="Steps finishing this long after the first join its decoding batch.")
     observation_role: str | None = Field(None, description="None: an observation is appended as its text. A role ('user', 'tool'): the tokenizer's chat template renders it as a message of that role followed by the generation prompt (the template's opening BOS dropped: it opens a conversation, not a turn).")
+
+
+class EnvHost(Protocol):
+    """Where a rollout's environments live: ``open`` makes ``count`` environments of ``env`` (a spec,
+    :func:`~hybridflow.agents.env.resolve_env`) with ``reset``/``step`` (and ``stop_strings`` when the environment
+    has them); ``close`` lets them go after the rollout. A host whose environments run elsewhere may say how many
+    calls it runs at once (``concurrency``): the loop then keeps that many steps in flight (its threads only wait)."""
+
+    def open(self, env: str, count: int) -> list[Any]:
+        ...
+
+    def close(self, envs: Sequence[Any]) -> None:
+        ...
+
+
+class InProcessEnvs:
+    """Environments in this process: one instance per sample, stepped on the loop's threads."""
+
+    def open(self, env: str, count: int) -> list[Any]:
+        factory = resolve_env(env)
+        return [factory() for _ in range(count)]
+
+    def close(self, envs: Sequence[Any]) -> None:
+        pass
+
+
+def env_name(env: Any) -> str:
+    """The environment's class name, for messages (a remote environment's proxy says its environment's)."""
+    return getattr(env, "env_name", None) or type(env).__name__
 
 
 @dataclass
@@ -148,13 +184,13 @@ def hf_turn_decoder(model: torch.nn.Module, params: SamplingParams, *, eos_token
 
 
 class _Loop:
-    def __init__(self, turns: TurnDecoder, tokenizer, agent: AgentParams):
-        self.turns, self.tokenizer, self.agent = turns, tokenizer, agent
+    def __init__(self, turns: TurnDecoder, tokenizer, agent: AgentParams, threads: int):
+        self.turns, self.tokenizer, self.agent, self.threads = turns, tokenizer, agent, threads
         self.stop_ids: tuple[int, ...] = ()
 
     def observe(self, sample: _Sample, text: str, turn: int) -> None:
         if not isinstance(text, str):
-            raise AgentError(f"environment {type(sample.env).__name__} returned a {type(text).__name__} "
+            raise AgentError(f"environment {env_name(sample.env)} returned a {type(text).__name__} "
                              "observation; observations are text")
         if not text:
             return
@@ -198,12 +234,12 @@ class _Loop:
             try:
                 first = sample.env.reset(sample.row)
             except Exception as err:
-                raise AgentError(f"environment {type(sample.env).__name__}.reset failed on prompt "
+                raise AgentError(f"environment {env_name(sample.env)}.reset failed on prompt "
                                  f"{sample.row.get('prompt')!r}: {type(err).__name__}: {err}") from err
             self.observe(sample, first, 0)
         ready = [s for s in samples if not s.done]
         pending: dict[cf.Future, _Sample] = {}
-        with cf.ThreadPoolExecutor(self.agent.tool_workers, thread_name_prefix="hf-env") as pool:
+        with cf.ThreadPoolExecutor(self.threads, thread_name_prefix="hf-env") as pool:
             while ready or pending:
                 if ready:
                     self.decode_turn(ready)
@@ -228,7 +264,7 @@ def _result(future: cf.Future, sample: _Sample) -> Any:
     try:
         return future.result()
     except Exception as err:
-        raise AgentError(f"environment {type(sample.env).__name__}.step raised {type(err).__name__}: {err} "
+        raise AgentError(f"environment {env_name(sample.env)}.step raised {type(err).__name__}: {err} "
                          "(an environment turns what the model did wrong into an observation)") from err
 
 
@@ -255,23 +291,28 @@ def _fields(samples: Sequence[_Sample], width: int, pad_id: int) -> dict[str, An
 
 @torch.no_grad()
 def agent_rollout(turns: TurnDecoder, tokenizer, batch: Batch, params: SamplingParams, agent: AgentParams, *,
-                  eos_token_ids: Sequence[int], pad_token_id: int) -> Batch:
+                  eos_token_ids: Sequence[int], pad_token_id: int, envs: EnvHost | None = None) -> Batch:
     """``params.n`` trajectories per prompt of ``batch`` against ``agent.env`` (module docstring for the fields),
     each model turn sampled by ``turns`` (the rollout engine's :data:`TurnDecoder`: :func:`hf_turn_decoder`, or
-    vLLM's).
+    vLLM's), against environments ``envs`` opens (default :class:`InProcessEnvs`).
 
     Returns the batch repeated ``n`` times (``repeat_interleave`` order, with ``group_index``) with the
     rollout's fields, and a column ``agent_steps``: each trajectory's steps (reward, done, info) as JSON.
     """
     if tokenizer is None:
         raise AgentError("an agentic rollout needs the rollout engine's tokenizer (observations are text)")
-    factory = resolve_env(agent.env)
-    rows, samples = _rows(batch), []
-    for i, row in enumerate(rows):
-        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i] != 0].tolist()
-        samples.extend(_Sample(prompt, row, factory()) for _ in range(params.n))
-    loop = _Loop(turns, tokenizer, agent)
-    loop.run(samples)
+    host = envs or InProcessEnvs()
+    rows = _rows(batch)
+    environments = host.open(agent.env, len(rows) * params.n)
+    try:
+        samples = []
+        for i, row in enumerate(rows):
+            prompt = batch["prompt_ids"][i][batch["prompt_mask"][i] != 0].tolist()
+            samples.extend(_Sample(prompt, row, environments[i * params.n + k]) for k in range(params.n))
+        loop = _Loop(turns, tokenizer, agent, max(agent.tool_workers, getattr(host, "concurrency", 0)))
+        loop.run(samples)
+    finally:
+        host.close(environments)
     fields = _fields(samples, agent.max_total_tokens, pad_token_id)
     repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
     answers = [tokenizer.decode([t for t in s.last_turn if t not in eos_token_ids], skip_special_tokens=True)

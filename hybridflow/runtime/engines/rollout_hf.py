@@ -30,7 +30,7 @@ from hybridflow.errors import ExecutionError
 
 from ...batch import Batch
 from ..byte_state import state_from_text, state_to_text
-from .agent_loop import AgentParams, agent_rollout, hf_turn_decoder
+from .agent_loop import AgentParams, EnvHost, agent_rollout, hf_turn_decoder
 from .decode import decode
 from .lean_decode import supports_lean
 from .sampling import SamplingParams
@@ -119,8 +119,10 @@ class HFRolloutEngine:
         repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         return repeated.with_fields(**fields)
 
-    def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams) -> Batch:
-        """Multi-turn trajectories against ``agent.env`` (:mod:`.agent_loop`), ``n`` per prompt."""
+    def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams,
+                         envs: EnvHost | None = None) -> Batch:
+        """Multi-turn trajectories against ``agent.env`` (:mod:`.agent_loop`), ``n`` per prompt; its environments where
+        ``envs`` puts them (None: in this process)."""
         params = sampling or self.sampling
         switch = self.model.training and not supports_lean(self.model)
         if switch:
@@ -129,7 +131,7 @@ class HFRolloutEngine:
             turns = hf_turn_decoder(self.model, params, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                                     generator=self._generator(params.seed), device=self.device)
             out = agent_rollout(turns, self.tokenizer, batch, params, agent, eos_token_ids=self.eos_token_ids,
-                                pad_token_id=self.pad_token_id)
+                                pad_token_id=self.pad_token_id, envs=envs)
         finally:
             if switch:
                 self.model.train()

@@ -73,7 +73,7 @@ import torch
 from hybridflow.errors import ConfigError, ExecutionError
 
 from ...batch import Batch
-from .agent_loop import AgentParams, agent_rollout
+from .agent_loop import AgentParams, EnvHost, agent_rollout
 from .lora import adapter_config, adapter_names, base_state, is_lora, peft_adapter_files
 from .registry import VLLMOptions
 from .sampling import SamplingParams
@@ -303,9 +303,11 @@ class VLLMRolloutEngine:
         repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         return repeated.with_fields(**fields)
 
-    def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams) -> Batch:
+    def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams,
+                         envs: EnvHost | None = None) -> Batch:
         """Multi-turn trajectories against ``agent.env`` (:mod:`.agent_loop`), ``n`` per prompt: each turn is one
-        ``LLM.generate`` call over the samples that are ready, given their token ids (never text)."""
+        ``LLM.generate`` call over the samples that are ready, given their token ids (never text); the environments
+        where ``envs`` puts them (None: in this process)."""
         params = sampling or self.sampling
         self._flush_incomplete()
         longest = max(len(p) for p in _unpadded(batch["prompt_ids"], batch["prompt_mask"])) + agent.max_total_tokens
@@ -331,7 +333,7 @@ class VLLMRolloutEngine:
             return out
 
         return agent_rollout(turns, self.tokenizer, batch, params, agent, eos_token_ids=self.eos_token_ids,
-                             pad_token_id=self.pad_token_id)
+                             pad_token_id=self.pad_token_id, envs=envs)
 
     def _fields(self, completions: Sequence[Any], params: SamplingParams) -> dict[str, torch.Tensor]:
         """``response_ids``, ``response_mask``, ``rollout_log_probs`` of ``(len(completions), max_new_tokens)``."""

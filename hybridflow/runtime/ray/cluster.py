@@ -84,6 +84,8 @@ def _device_resource(resource: DeviceResource) -> str:
 
 HOST_POOL_CPUS = 0.5
 """CPU resource of a slot of a host pool (rule rewards and costs: functions, no model)."""
+ENV_WORKER_CPUS = 0.25
+"""CPU resource of an environment worker (a plan's environment pool: one bundle per worker)."""
 
 
 def pool_bundle(devices: tuple[str, ...], resource: str, cpus_per_worker: float, *, host: bool = False) -> dict[str, float]:
@@ -128,6 +130,8 @@ def pool_groups(plan: ExecutionPlan, kind: str, cpus_per_worker: float) -> dict[
     found = {}
     for pool in plan.pools:
         bundle = pool_bundle(pool.devices, kind, cpus_per_worker, host=pool.name.split("_")[0] == HOST)
+        if pool.workers:  # an environment pool: a fractional-CPU bundle per environment worker
+            bundle = {"CPU": min(cpus_per_worker, ENV_WORKER_CPUS)}
         nodes = [plan_node(slot) for slot in pool.slots]
         if not plan.nodes or None in nodes:
             found[pool.name] = PoolLayout(bundle, (), "PACK")
@@ -150,13 +154,14 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
     groups: dict[str, PlacementGroup] = {}
     for pool in plan.pools:
         spec = layout[pool.name]
-        groups[pool.name] = placement_group([dict(spec.bundle) for _ in pool.devices], strategy=spec.strategy,
+        groups[pool.name] = placement_group([dict(spec.bundle) for _ in range(pool.workers or len(pool.devices))],
+                                            strategy=spec.strategy,
                                             name=f"hybridflow:{pool.name}",
                                             bundle_label_selector=[dict(s) for s in spec.selectors] or None)
     ready, _ = ray.wait([g.ready() for g in groups.values()], num_returns=len(groups), timeout=timeout_s)
     if len(ready) < len(groups):
         release_pools(PoolReservation(groups, bundles))
-        need = {p.name: f"{len(p.devices)} x {bundles[p.name]}" for p in plan.pools}
+        need = {p.name: f"{p.workers or len(p.devices)} x {bundles[p.name]}" for p in plan.pools}
         pinned = f" on Ray nodes {', '.join(n[:8] for n in plan.nodes)}" if plan.nodes else ""
         raise PlacementError(
             f"Ray could not reserve the plan's pools{pinned} within {timeout_s:.0f} s: they need {need}, and the cluster has "

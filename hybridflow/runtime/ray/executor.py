@@ -46,6 +46,7 @@ from ..topology import Slot, Topology
 from ..weight_sync import DEFAULT_BUCKET_BYTES
 from ..worker import Worker
 from .cluster import DeviceResource, connect, release_pools, replace_lost_nodes, reserve_pools
+from .env_pool import attach_env_pools, env_worker_handles, start_env_workers
 
 __all__ = ["RayExecutor"]
 
@@ -116,6 +117,8 @@ class RayExecutor(PlanExecutor):
         self._actors: dict[str, Any] = {}
         self._reservation = None
         self.slot_info: dict[str, dict] = {}
+        self.env_workers: dict[str, list] = {}
+        """Environment pool name -> its environment workers' actors (:mod:`.env_pool`)."""
         self._start_workers()
 
     # -- worker group ------------------------------------------------------------------------
@@ -146,9 +149,17 @@ class RayExecutor(PlanExecutor):
                                  o["setup_timeout_s"])[first.name]
             refs = {s.name: self.actor(s).setup.remote(init, self.topology.world_size, groups) for s in self.topology.slots}
             self.slot_info = self.get_all(refs, "set-up", o["setup_timeout_s"])
+            self._start_env_pools()
         except BaseException:
             self.shutdown()
             raise
+
+    def _start_env_pools(self) -> None:
+        """The plan's environment pools' workers (:mod:`.env_pool`), attached to the rollout slots; stopped with them."""
+        self.env_workers = start_env_workers(self.plan, self._reservation.groups, self._reservation.bundles)
+        self._actors.update(env_worker_handles(self.env_workers))
+        ray.get(attach_env_pools(self.plan, self.topology, self.env_workers, self.actor),
+                timeout=self._options["setup_timeout_s"])
 
     def get_all(self, refs: Mapping[str, Any], what: str, timeout_s: float) -> dict[str, Any]:
         """Wait up to ``timeout_s`` for every ref (slot name -> Ray object ref); slot name -> its value.
