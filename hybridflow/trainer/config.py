@@ -184,6 +184,7 @@ class PPOConfig(BaseModel):
     plan: str | None = Field(None, description="A plan file to run exactly, instead of compiling one: from 'hybridflow compile CONFIG.yaml [key=value ...] --cluster local -o PLAN.json' (the plan this config compiles) or a run's plan.json; its graph must be the one this config builds, and this machine must have its devices.")
     calibrate: bool = Field(True, description="Profile the run's models on this machine before compiling (a few seconds, cached under ~/.cache/hybridflow or HYBRIDFLOW_CACHE), so the plan's predicted times are this machine's; False: datasheet figures.")
     cpu_slots: int | None = Field(None, ge=1, description="Without a GPU: how many device slots the CPU is cut into (each a share of the cores; on Ray one process per slot). None: 1 for executor='local', min(4, cores) on Ray.")
+    env_workers: int = Field(2, ge=1, description="Multi-turn rollouts (a generate node with env=): the environment worker processes of each generating role's environment pool (the plan's `env` pool: on Ray, actors on host CPUs that hold whole samples' environments and step them on threads; locally the rollout worker's threads). The compiler prices tool time over them.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None: torch's default.")
     seed: int = Field(0, description="Seed of the data order, sampling and model initialisation.")
     # -- loop ---------------------------------------------------------------

@@ -19,19 +19,35 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_calc" / "con
 
 
 @pytest.fixture(scope="module")
-def agent_plan(tmp_path_factory) -> tuple[ExecutionPlan, str]:
-    """The agent example's config compiled for this machine (its model and data made small and local)."""
+def compile_example(tmp_path_factory):
+    """``compile_example(*overrides)``: the agent example's config compiled for this machine (its model and data
+    made small and local) -> (plan, what ``hybridflow compile`` printed)."""
     root = tmp_path_factory.mktemp("agent_calc")
     model = create_tiny_model_dir(root / "model", task="agent_calc", seed=0, hidden=32, layers=1)
     train = write_prompt_dataset(make_sum3_rows(64, seed=0), root / "train.jsonl")
     val = write_prompt_dataset(make_sum3_rows(4, seed=1), root / "val.jsonl")
-    out = root / "plan.json"
-    argv = ["compile", str(EXAMPLE), "--cluster", "local", f"actor_model_name={model}", f"train_files={train}",
-            f"val_files={val}", "-o", str(out)]
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert main(argv) == 0
-    return ExecutionPlan.from_json(out.read_text()), printed.getvalue()
+
+    def compile_(*overrides: str) -> tuple[ExecutionPlan, str]:
+        out = root / f"plan{len(overrides)}.json"
+        argv = ["compile", str(EXAMPLE), "--cluster", "local", f"actor_model_name={model}", f"train_files={train}",
+                f"val_files={val}", *overrides, "-o", str(out)]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(argv) == 0
+        return ExecutionPlan.from_json(out.read_text()), printed.getvalue()
+
+    return compile_
+
+
+@pytest.fixture(scope="module")
+def agent_plan(compile_example) -> tuple[ExecutionPlan, str]:
+    return compile_example()
+
+
+def test_the_config_sets_the_env_pool_s_workers(compile_example):
+    plan, printed = compile_example("env_workers=3")
+    assert plan.pool("env").workers == 3
+    assert "env (3 env workers on host CPUs): environments of actor" in printed
 
 
 def test_the_agent_example_plan_has_an_env_pool_named_by_its_generate_op(agent_plan):
