@@ -43,7 +43,7 @@ TOOLS = ROOT / "tools"
 
 SCRIPTS = (
     "bench_agent_calc.py", "bench_agent_rollout.py", "sandbox_faults.py",
-    "bench_checkpoint.py", "bench_contracts.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
+    "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
@@ -129,6 +129,14 @@ def test_bench_agent_rollout_compares_the_agent_loop_with_one_turn(capsys):
                  capsys)
     assert "single-turn  12 model tokens" in out and "agent loop   12 model tokens" in out
     assert "agent loop / single-turn throughput" in out
+
+
+def test_bench_hashes_times_steps_with_and_without_hashes(capsys):
+    _, out = run("bench_hashes.py", ["rollout_batch_size=4", "n_samples=2", "batch_size=8", "--steps", "4", "--warmup", "1", "--json"],
+                 capsys)
+    figures = json.loads(out.strip().splitlines()[-1])
+    # 4 counted steps interleaved on, off, off, on: two of each; every node output's tensors hashed per step
+    assert figures["steps_each"] == 2 and figures["lines_per_step"] >= 10 and figures["record_s"] > 0
 
 
 def test_bench_placement_searches_a_small_cluster(capsys):
