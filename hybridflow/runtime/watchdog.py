@@ -91,6 +91,8 @@ class Watchdog:
     """Every report written (the newest last)."""
     detect_s: float | None = None
     """Seconds from the last completion (or the plan's start) to the newest report being written."""
+    reported_at: float | None = None
+    """``time.monotonic()`` when the newest report was written."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -182,6 +184,7 @@ class Watchdog:
                 self.report_path.write_text(text + "\n")
             except OSError as err:
                 log.error("%s", WriteError("the hang report cannot be written", err, self.report_path))
+        self.reported_at = time.monotonic()
 
     def _flights(self, streams: Sequence["Stream"]) -> list[tuple["Stream", object]]:
         """The ops in flight (an inline backend's sent ops are done already: the op being sent is the one running)."""

@@ -204,6 +204,8 @@ class PPOConfig(BaseModel):
     check_determinism: int = Field(0, ge=0, description="Before training, run the first this many steps twice (two fresh trainers with record_hashes, same seed, in output_dir/determinism/a and b) and report the first edge whose values differ, or 'bit-identical'; then the run proceeds as configured. The report goes to the log and output_dir/determinism.txt; the two folders are kept only when they differ (compare them with `hybridflow diff`). 0: no check.")
     max_nan_steps: int = Field(3, ge=1, description="Abort after this many steps in a row whose update skipped a mini-batch for a non-finite loss or gradient norm.")
     max_restarts: int = Field(0, ge=0, description="executor='ray': how many times a run whose worker process died recreates the worker group and continues from its newest checkpoint (needs save_freq > 0); 0: the error ends the run.")
+    hang_timeout_s: float | None = Field(1800.0, gt=0, description="The hang watchdog: when no op of a running plan (a step, a validation, a checkpoint) completes for this many seconds, the run prints, and writes to output_dir/hang.txt, what each pool and rank is doing (the op, its iteration and step, for how long, the last op it completed, the workers' and the controller's Python stacks), then does what on_hang says. The default is far above any op of a healthy run (a generation, a checkpoint write) and far below the hours a silent hang wastes. None: no watchdog.")
+    on_hang: Literal["stop", "wait"] = Field("stop", description="What the run does after the hang watchdog's report: stop (a HangError naming the ops in flight; the workers are stopped, resume='auto' continues from the newest checkpoint) or wait (keep waiting; a stall that goes on is not reported again, the next one is).")
     # -- tracking -----------------------------------------------------------
     trackers: tuple[TrackerName, ...] = Field(("console", "jsonl", "tensorboard"), description="Where metrics go: console, jsonl (output_dir/metrics.jsonl), tensorboard (output_dir/tensorboard), wandb and mlflow (offline unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise). A default tracker whose package is missing is skipped with a warning; one named explicitly is an error.")
     progress_bar: bool = Field(True, description="Show a progress bar over steps (ETA, live mean reward, current phase) when the output is a terminal.")
@@ -350,7 +352,7 @@ RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
     "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
-    "imports", "ray_address", "trajectory_log_samples", "record_hashes", "check_determinism",
+    "imports", "ray_address", "trajectory_log_samples", "record_hashes", "check_determinism", "hang_timeout_s", "on_hang",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 
