@@ -166,10 +166,14 @@ class Watchdog:
             if reported_at == last or time.monotonic() - last < self.timeout_s:
                 continue
             reported_at = last
-            text = self.report(executor, streams, time.monotonic() - last)
+            summary = self._summary(streams, time.monotonic() - last)
+            try:
+                text = self.report(executor, streams, time.monotonic() - last)
+            except Exception as err:  # a report that cannot be assembled must not leave the hang unreported
+                text = f"hang: {summary}\n(the full report failed: {type(err).__name__}: {err})"
             self._publish(text, time.monotonic() - last)
             if self.on_hang == "stop":
-                self.hang = HangError(self._summary(streams, time.monotonic() - last))
+                self.hang = HangError(summary)
                 with self._lock:
                     if self._armed and self._signal_main:
                         signal.pthread_kill(threading.main_thread().ident, STOP_SIGNAL)

@@ -117,6 +117,19 @@ def test_a_shorter_reward_timeout_names_the_sample_first(fast_config, tmp_path):
     assert not (tmp_path / "run" / "hang.txt").exists()
 
 
+def test_a_healthy_run_is_not_reported_and_the_signal_handler_is_given_back(fast_config, tmp_path):
+    import signal
+
+    from hybridflow.runtime.watchdog import STOP_SIGNAL
+
+    before = signal.getsignal(STOP_SIGNAL)
+    trainer = PPOTrainer(config=fast_config(max_steps=2, hang_timeout_s=60.0))
+    trainer.train()
+    assert trainer.executor.watchdog is not None and trainer.executor.watchdog.reports == []
+    assert not (tmp_path / "run" / "hang.txt").exists()
+    assert signal.getsignal(STOP_SIGNAL) == before
+
+
 def test_no_watchdog_when_hang_timeout_is_none(fast_config):
     trainer = PPOTrainer(config=fast_config(max_steps=1, hang_timeout_s=None))
     trainer.train()
