@@ -71,6 +71,10 @@ class _Done:
     op: str
     iteration: int
     at: float
+    plan: str
+
+    def describe(self, now: float) -> str:
+        return f"op {self.op!r} of plan {self.plan!r} iteration {self.iteration}, {now - self.at:.1f} s ago"
 
 
 @dataclass
@@ -102,6 +106,7 @@ class Watchdog:
         self._signal_main = False
         self._starting: tuple[object, int, float] | None = None
         self._inline = False
+        self._plan = ""
         self.hang: HangError | None = None
         """The HangError of a stall reported with on_hang='stop' (raised by :meth:`check`)."""
 
@@ -121,7 +126,7 @@ class Watchdog:
         """Op ``op`` of ``pool`` (None: the controller) finished: the stall, if any, is over."""
         now = time.monotonic()
         self._last = now
-        self._last_done[pool or "controller"] = _Done(op, iteration, now)
+        self._last_done[pool or "controller"] = _Done(op, iteration, now, self._plan)
 
     def check(self) -> None:
         """Raise the HangError of a stall reported with ``on_hang='stop'`` (the controller's loop calls this)."""
@@ -132,6 +137,7 @@ class Watchdog:
     def watch(self, executor: "PlanExecutor", streams: Sequence["Stream"]) -> Iterator[None]:
         """Arm the watchdog for one :meth:`~.interpreter.PlanExecutor.drive` of ``streams``."""
         self._last, self.hang, self._inline = time.monotonic(), None, executor.runs_inline
+        self._plan = executor.graph.name
         inline = executor.runs_inline and threading.current_thread() is threading.main_thread()
         previous = signal.signal(STOP_SIGNAL, self._on_signal) if inline else None
         with self._lock:
@@ -232,8 +238,7 @@ class Watchdog:
             lines.append(f"pool {slot.pool!r} rank {slot.rank} (slot {slot.name}, roles {roles}, device {slot.device}):")
             lines.append(f"  in flight: {busy.get(slot.name, 'nothing (idle)')}")
             done = self._last_done.get(slot.pool)
-            lines.append(f"  last completed: op {done.op!r} of iteration {done.iteration}, {now - done.at:.1f} s ago"
-                         if done else "  last completed: none yet")
+            lines.append(f"  last completed: {done.describe(now)}" if done else "  last completed: none yet")
             if slot.name in busy:
                 threads = stacks.get(slot.name)
                 if threads is None:
@@ -248,7 +253,7 @@ class Watchdog:
             lines.append(f"controller: running {running}")
         done = self._last_done.get("controller")
         if done is not None:
-            lines.append(f"controller: last completed op {done.op!r} of iteration {done.iteration}, {now - done.at:.1f} s ago")
+            lines.append(f"controller: last completed {done.describe(now)}")
         if lines[-1]:
             lines.append("")
         lines.append("controller stacks (this process):")

@@ -68,7 +68,7 @@ def test_a_compute_op_that_blocks_on_the_controller_is_named(tmp_path):
     report = (tmp_path / "hang.txt").read_text()
     assert "controller: running op 'hang_probe_baseline' (role 'controller') of iteration 0" in report
     assert "controller: last completed op" not in report  # the only controller op is the one that blocks
-    assert "last completed: op 'reward.score' of iteration 0" in report
+    assert "last completed: op 'reward.score' of plan 'hang_probe' iteration 0" in report
     main = report.split("thread MainThread", 1)[1].split("\n  thread ", 1)[0]
     assert "in blocked_in_a_compute_op\n" in main and "in hang_probe_baseline\n" in main
 

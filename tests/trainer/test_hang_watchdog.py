@@ -78,6 +78,7 @@ def test_a_planted_hang_is_reported_and_stops_the_run(fast_config, tmp_path, rew
     assert f"pool {pool!r} rank 0" in report
     assert "in flight: op 'reward.score' (role 'reward') of iteration 0" in report
     assert "trainer step 1" in report and "running plan 'ppo'" in report
+    assert "last completed: op 'reward.score_2' of plan 'validation' iteration 0" in report  # step 0's validation
     # the stack names the blocking function: the main thread's (no time limit) or the reward's helper thread's
     assert "in planted_hang\n" in report and "self.release.wait()" in report
     assert trainer.step == 1 and watchdog.reports == [report.rstrip("\n")]
