@@ -24,6 +24,7 @@ __all__ = [
     "ModelLoadError",
     "BatchError",
     "WorkerLostError",
+    "HangError",
     "OutputDirError",
     "RunFolderError",
     "WriteError",
@@ -107,6 +108,12 @@ class BatchError(HybridflowError):
 
 class WorkerLostError(ExecutionError):
     """A worker process died (killed, out of memory, node lost); names its role(s), rank and pool."""
+
+
+class HangError(ExecutionError):
+    """No op of a plan completed for ``hang_timeout_s`` seconds and ``on_hang`` is ``stop``: names the ops in
+    flight and their pools; the watchdog's report (``RUN_DIR/hang.txt``) says what every pool and rank was
+    doing, with the workers' and the controller's Python stacks."""
 
 
 class OutputDirError(HybridflowError):

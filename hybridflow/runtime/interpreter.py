@@ -44,6 +44,7 @@ nothing is re-decided here.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from .node_metrics import graph_metrics
 from .roles import RoleSpec
 from .spans import Span, SpanRecorder
 from .topology import Slot, Topology, sync_group, topology
+from .watchdog import Watchdog
 
 __all__ = ["IterationResult", "IterationState", "Stream", "InFlight", "OP_SUBMITTERS", "PlanExecutor"]
 
@@ -100,6 +102,8 @@ class InFlight:
     """The executor's event number when it was sent (:attr:`PlanExecutor.events`)."""
     call: int = 0
     """The ``run_iteration`` call during which it was sent."""
+    sent_at: float = 0.0
+    """``time.monotonic()`` when it was sent (the watchdog's report says how long ago)."""
 
 
 @dataclass
@@ -214,6 +218,8 @@ class PlanExecutor(ABC):
         """How many sends and completions this executor has issued (each one's number goes to its op's span)."""
         self.ahead: Stream | None = None
         """Staleness 1: the next iteration's generation, left in flight by the last call (:mod:`.overlap`)."""
+        self.watchdog: Watchdog | None = None
+        """Reports (and stops, as configured) a plan run in which no op completes for a while (:mod:`.watchdog`)."""
 
     # -- the transport (every backend implements it; module docstring) ---------------------------
     @abstractmethod
@@ -238,6 +244,14 @@ class PlanExecutor(ABC):
 
     poll_s = 1.0
     """How long one :meth:`wait` of the run loop blocks at most, seconds."""
+
+    runs_inline = False
+    """Whether :meth:`send` runs the op in the controller's thread (a blocked op then blocks the run loop)."""
+
+    def worker_stacks(self, slots: Sequence[Slot], timeout_s: float) -> dict[str, dict[str, str]]:
+        """Slot name -> its worker's Python stacks (thread -> stack), for the slots that answer within ``timeout_s``
+        (the watchdog's report); none where the workers are this process's own threads."""
+        return {}
 
     # -- one iteration -----------------------------------------------------------------------
     def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None,
@@ -324,6 +338,10 @@ class PlanExecutor(ABC):
         flight, and whatever they can send then is sent before this returns: a generation working ahead is
         left running, not waiting to be sent by a later call.
         """
+        with self.watchdog.watch(self, streams) if self.watchdog else contextlib.nullcontext():
+            self._drive(streams, target, settle)
+
+    def _drive(self, streams: list[Stream], target: Stream, settle: Sequence[Stream]) -> None:
         def moving(stream: Stream) -> bool:
             return any(f.kind != "node" for f in stream.inflight.values())
 
@@ -338,12 +356,16 @@ class PlanExecutor(ABC):
                 break
             refs = [ref for _, f in flights for i, ref in enumerate(f.refs) if i not in f.results]
             self.wait(refs, self.poll_s)
+            if self.watchdog:
+                self.watchdog.check()
             for stream, flight in flights:
                 if self._collect(flight):
                     del stream.inflight[flight.op.name]
                     flight.finish([flight.results[i] for i in range(len(flight.refs))])
                     self._record(flight, stream.iteration, self._next_event())
                     stream.done.add(flight.op.name)
+                    if self.watchdog:
+                        self.watchdog.op_done(flight.op.name, flight.op.pool, stream.iteration)
         for stream in settle:
             self._send_ready(stream)
 
@@ -361,9 +383,13 @@ class PlanExecutor(ABC):
                     continue
                 stream.pending.remove(op)
                 self.recorder.started(op.name)
+                if self.watchdog:  # a backend that runs ops inline (and the controller) is inside it until it returns
+                    self.watchdog.starting(op, stream.iteration)
                 if op.pool is None:
                     self._run_controller(op, stream)
                     stream.done.add(op.name)
+                    if self.watchdog:
+                        self.watchdog.op_done(op.name, None, stream.iteration)
                     self._after_filter(op, stream)
                     progress = True
                 else:
@@ -374,8 +400,10 @@ class PlanExecutor(ABC):
                     except Exception as err:
                         raise ExecutionError(f"op {op.name!r} (role {op.role!r} on pool {op.pool!r}) could not be sent: "
                                              f"{type(err).__name__}: {err}") from err
-                    flight.sent, flight.call = self._next_event(), self.iteration
+                    flight.sent, flight.call, flight.sent_at = self._next_event(), self.iteration, time.monotonic()
                     stream.inflight[op.name] = flight
+                if self.watchdog:
+                    self.watchdog.sent(op, stream.iteration)
 
     @staticmethod
     def _after_filter(op: PlanOp, stream: Stream) -> None:

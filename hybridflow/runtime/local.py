@@ -60,6 +60,8 @@ class LocalExecutor(PlanExecutor):
                              "from its newest checkpoint")
 
     # -- the transport: calls run at once --------------------------------------------------------
+    runs_inline = True
+
     def send(self, slot: Slot, kind: str, *args) -> _Done:
         try:
             return _Done(self.slots[slot.name].run(kind, *args))

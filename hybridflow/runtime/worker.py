@@ -51,6 +51,7 @@ from .engines.lora import adapter_names, is_lora, merged_model, synced_weights
 from .roles import RoleEngines, RoleSpec, build_engines
 from .slot_engines import build_slot_engines
 from .topology import Slot, pool_group
+from .watchdog import thread_stacks
 from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
 
 __all__ = ["Worker", "SEED_STRIDE"]
@@ -155,6 +156,10 @@ class Worker:
 
     def ping(self) -> int:
         return os.getpid()
+
+    def stacks(self) -> dict[str, str]:
+        """This process's Python stacks but the caller's (thread -> stack): where a busy op is (the hang watchdog)."""
+        return thread_stacks(skip_current=True)
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -113,7 +113,7 @@ class PPOConfig(BaseModel):
     reward_model_name: str | None = Field(None, description="Sequence-classification reward model (path or hub name); a causal-LM checkpoint gets a new score head. None: the rule reward `reward_fn`.")
     reward_server: RewardServer | None = Field(None, description="HTTP reward server the reward role asks for scores: url, model_name, api_format, batch_size, timeout_s, max_retries (see RewardServer and docs/rewards.md). None: reward_model_name, else the rule reward reward_fn.")
     reward_fn: str = Field("hybridflow_ops.rewards:default_compute_score", description="Rule reward `module:function` with the signature compute_score(data_source, solution_str, ground_truth, extra_info=None).")
-    reward_timeout_s: float | None = Field(300.0, gt=0, description="Longest a rule reward function (reward_fn, cost_fn) may take on one response before the run stops with a RewardError naming the sample; a first Ctrl-C while it runs stops the run within this bound. The function then runs on a helper thread; None: call it on the main thread (a function that sets signal handlers, e.g. signal.alarm, needs that) and wait for ever.")
+    reward_timeout_s: float | None = Field(300.0, gt=0, description="Longest a rule reward function (reward_fn, cost_fn) may take on one response before the run stops with a RewardError naming the sample; a first Ctrl-C while it runs stops the run within this bound. The function then runs on a helper thread; None: call it on the thread that runs the op and wait for ever (with executor='local' the main thread, which a function that sets signal handlers, e.g. signal.alarm, needs; a Ray worker runs its ops on a thread of its own, see docs/ray.md).")
     unfinished_score: float | None = Field(0.0, description="Score of a response that hit the length limit without EOS (None: score it like the others).")
     # -- data -----------------------------------------------------------------
     train_files: str | None = Field(None, description="Prompt dataset (.jsonl or .parquet with prompt, ground_truth, data_source). None: the built-in arithmetic task (all 100 prompts 'a+b=').")
@@ -205,6 +205,8 @@ class PPOConfig(BaseModel):
     check_determinism: int = Field(0, ge=0, description="Before training, run the first this many steps twice (two fresh trainers with record_hashes, same seed, in output_dir/determinism/a and b) and report the first edge whose values differ, or 'bit-identical'; then the run proceeds as configured. The report goes to the log and output_dir/determinism.txt; the two folders are kept only when they differ (compare them with `hybridflow diff`). 0: no check.")
     max_nan_steps: int = Field(3, ge=1, description="Abort after this many steps in a row whose update skipped a mini-batch for a non-finite loss or gradient norm.")
     max_restarts: int = Field(0, ge=0, description="executor='ray': how many times a run whose worker process died recreates the worker group and continues from its newest checkpoint (needs save_freq > 0); 0: the error ends the run.")
+    hang_timeout_s: float | None = Field(1800.0, gt=0, description="The hang watchdog: when no op of a running plan (a step, a validation, a checkpoint) completes for this many seconds, the run prints, and writes to output_dir/hang.txt, what each pool and rank is doing (the op, its iteration and step, for how long, the last op it completed, the workers' and the controller's Python stacks), then does what on_hang says. The default is far above any op of a healthy run (a generation, a checkpoint write) and far below the hours a silent hang wastes. None: no watchdog.")
+    on_hang: Literal["stop", "wait"] = Field("stop", description="What the run does after the hang watchdog's report: stop (a HangError naming the ops in flight; the workers are stopped, resume='auto' continues from the newest checkpoint) or wait (keep waiting; a stall that goes on is not reported again, the next one is).")
     # -- tracking -----------------------------------------------------------
     trackers: tuple[TrackerName, ...] = Field(("console", "jsonl", "tensorboard"), description="Where metrics go: console, jsonl (output_dir/metrics.jsonl), tensorboard (output_dir/tensorboard), wandb and mlflow (offline unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise). A default tracker whose package is missing is skipped with a warning; one named explicitly is an error.")
     progress_bar: bool = Field(True, description="Show a progress bar over steps (ETA, live mean reward, current phase) when the output is a terminal.")
@@ -351,7 +353,7 @@ RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
     "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
-    "imports", "ray_address", "trajectory_log_samples", "record_hashes", "check_determinism",
+    "imports", "ray_address", "trajectory_log_samples", "record_hashes", "check_determinism", "hang_timeout_s", "on_hang",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""
 

@@ -163,6 +163,11 @@ class Trainer:
                                         cpus_per_worker=float(threads) if self.machine.kind == "cpu" else 1.0)
         else:
             self.executor = LocalExecutor(self.plan, self.role_specs(), recorder=recorder)
+        if cfg.hang_timeout_s is not None:
+            from ..runtime.watchdog import Watchdog
+
+            self.executor.watchdog = Watchdog(cfg.hang_timeout_s, cfg.on_hang, report_path=self.output_dir / "hang.txt",
+                                              step=lambda: self.step)
         self.algorithm_state = AlgorithmState(self.definition.state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
         self._resume()

@@ -150,9 +150,15 @@ class RuleRewardSource:
             raise self._failed(index, source, failed.error) from failed.error
 
     def _failed(self, index: int, source, err: BaseException) -> RewardError:
-        hint = ("; it uses signals (e.g. signal.alarm for its own time limit), which work only in the main "
-                "thread: set reward_timeout_s=null to call it there (without hybridflow's time limit)"
-                if self.timeout_s is not None and "main thread" in str(err) else "")
+        hint = ""
+        if "main thread" in str(err):  # signals (e.g. signal.alarm for its own time limit) work in the main thread only
+            if threading.current_thread() is not threading.main_thread():
+                hint = ("; it uses signals (e.g. signal.alarm for its own time limit), which work only in a process's "
+                        "main thread, and this process runs its ops on another (a Ray worker does): drop them, and "
+                        "bound its time with reward_timeout_s")
+            elif self.timeout_s is not None:
+                hint = ("; it uses signals (e.g. signal.alarm for its own time limit), which work only in the main "
+                        "thread: set reward_timeout_s=null to call it there (without hybridflow's time limit)")
         return RewardError(f"compute_score failed on sample {index} (data_source={source!r}): "
                            f"{type(err).__name__}: {err}{hint}")
 

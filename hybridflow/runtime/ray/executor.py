@@ -73,7 +73,10 @@ RESERVE_RETRY_S = 1.0
 killed slots' resources are back (Ray frees them a moment after the processes exit): short attempts, so that
 the restart goes ahead about as soon as they are."""
 
-_RemoteWorker = ray.remote(Worker)
+WATCH_GROUP = "watchdog"
+"""The actors' concurrency group of :meth:`Worker.stacks`: its own thread, so a worker busy in an op still answers
+(with a concurrency group, Ray runs every method on a thread of its group's; the default group's is one thread)."""
+_RemoteWorker = ray.remote(concurrency_groups={WATCH_GROUP: 1})(Worker)
 
 
 def group_backend(ranks, topo: Topology, devices: Mapping[str, str]) -> str:
@@ -257,6 +260,19 @@ class RayExecutor(PlanExecutor):
             return ray.get(ref)
         except Exception as err:
             raise self._failure(what, slot, err) from None
+
+    def worker_stacks(self, slots, timeout_s: float) -> dict[str, dict[str, str]]:
+        refs = {s.name: self.actor(s).stacks.options(concurrency_group=WATCH_GROUP).remote()
+                for s in slots if s.name in self._actors}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        out = {}
+        for name, ref in refs.items():
+            if ref in ready:
+                try:
+                    out[name] = ray.get(ref)
+                except Exception as err:  # a dead slot: the report says so
+                    out[name] = {"(no stacks)": f"{type(err).__name__}: {str(err).strip().splitlines()[0]}"}
+        return out
 
     def check_running(self) -> None:
         if not self._actors:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import threading
+
 import pytest
 import torch
 
@@ -130,3 +132,17 @@ def test_a_reward_that_needs_the_main_thread_is_told_how_to_get_it():
     with pytest.raises(RewardError, match="set reward_timeout_s=null to call it there"):
         RuleRewardSource(uses_signals, timeout_s=5).score(scored_batch(["3"], ["3"]))
     assert RuleRewardSource(uses_signals).score(scored_batch(["3"], ["3"])).scores.tolist() == [1.0]
+
+    # called off the main thread (a Ray worker runs its ops on a thread of its concurrency groups): no way to get it
+    caught = []
+
+    def score_off_the_main_thread():
+        try:
+            RuleRewardSource(uses_signals).score(scored_batch(["3"], ["3"]))
+        except RewardError as err:
+            caught.append(err)
+
+    thread = threading.Thread(target=score_off_the_main_thread)
+    thread.start()
+    thread.join()
+    assert len(caught) == 1 and "this process runs its ops on another (a Ray worker does)" in str(caught[0])

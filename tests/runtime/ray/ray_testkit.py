@@ -189,3 +189,17 @@ def on_pool(executor, pool: str, kind: str, role: str, batch, *args):
         executor.wait(refs, 1.0)
     results = [executor.fetch(ref, slot, f"{kind} of {role!r}")[0] for ref, slot in zip(refs, slots)]
     return merge_results(kind, split, results)
+
+
+def hang_when_marked(marker: str):
+    """The arithmetic reward; once the file ``marker`` exists, a call blocks for ever (a planted hang: only the
+    executor's shutdown, which kills the worker, ends it)."""
+    def planted_hang(data_source, solution_str, ground_truth, extra_info=None):
+        import os
+        import threading
+
+        if os.path.exists(marker):
+            threading.Event().wait()
+        return compute_score(data_source, solution_str, ground_truth, extra_info)
+
+    return planted_hang
