@@ -171,5 +171,6 @@ def check_staleness(graph: Graph, staleness: int = 0, offsets: Mapping[str, int]
             node=update.name, field=edge.name, lag=lag,
             hint="add hf.compute('truncated_is_weight', old_logp, rollout) and use loss 'ppo_clip_is' (algorithm "
                  "grpo_is does), or use staleness 0, or accept the biased gradient knowingly "
-                 "(allow_uncorrected_staleness: true; compile(..., allow_uncorrected_staleness=True))")
+                 "(config allow_uncorrected_staleness: true; hybridflow compile --allow-uncorrected-staleness; "
+                 "compile(..., allow_uncorrected_staleness=True))")
     return lags

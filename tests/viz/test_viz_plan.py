@@ -27,7 +27,7 @@ def plans():
         return {
             "colocate": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, placement="colocate"),
             "split": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, placement="split"),
-            "rollout": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, staleness=1,
+            "rollout": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, staleness=1, allow_uncorrected_staleness=True,
                                placement="actor+ref@8;critic+reward@4;actor.generate@4"),
             "offload": compile(graph, "a100-80g:2", {"actor": "llama2-34b"}, placement="colocate"),
         }
