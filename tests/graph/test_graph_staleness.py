@@ -98,6 +98,8 @@ def test_ppo_refuses_the_actor_loss_not_the_critic_loss():
     with pytest.raises(StalenessError) as info:
         check_staleness(ppo.build(), 1)
     assert info.value.node == "actor.update"
+    assert [n for n in ("ppo_clip", "reinforce", "gspo", "ppo_clip_is", "value_clip", "kl_loss", "entropy_bonus")
+            if get_op(n).policy_gradient] == ["ppo_clip", "reinforce", "gspo", "ppo_clip_is"]
 
 
 def test_a_correction_is_what_the_registry_declares():
