@@ -11,6 +11,7 @@ __all__ = [
     "HybridflowError",
     "GraphError",
     "GraphValidationError",
+    "StalenessError",
     "TraceError",
     "OpError",
     "ConfigError",
@@ -52,6 +53,21 @@ class GraphValidationError(GraphError):
         where = " ".join(p for p in (f"node {node!r}" if node else "", f"field {field!r}" if field else "") if p)
         text = f"{where}: {message}" if where else message
         super().__init__(f"{text}\n  hint: {hint}" if hint else text)
+
+
+class StalenessError(GraphValidationError):
+    """Lagged data reaches a loss the wrong way: a policy-gradient loss reads data sampled by older weights
+    (a plan with ``staleness`` k > 0) with no off-policy correction, or a correction reads the behaviour
+    log-probs from something other than the rollout node that sampled the responses.
+
+    Names the update node, the lagged edge and its lag (``lag``), and lists the corrections the op registry
+    holds, with the fix. See :mod:`hybridflow.graph.staleness`.
+    """
+
+    def __init__(self, message: str, *, node: str | None = None, field: str | None = None, hint: str | None = None,
+                 lag: int = 0):
+        self.lag = lag
+        super().__init__(message, node=node, field=field, hint=hint)
 
 
 class TraceError(GraphError):

@@ -103,6 +103,20 @@ class OpSpec:
     finite_outputs: tuple[str, ...] = ()
     """Outputs that must hold only finite values (no NaN, no inf); the runtime's contract
     checks raise when one does not. By default every floating-point output."""
+    correction: str | None = None
+    """An off-policy correction: one line saying what it corrects with (``"token-level truncated importance
+    weights"``). Compute corrections turn the rollout's log-probs into weights or masks; a loss correction
+    applies them. A policy-gradient loss that reads lagged data (a plan with staleness) must read a value
+    computed by a compute correction (:mod:`hybridflow.graph.staleness`)."""
+    rollout_input: str | None = None
+    """Corrections: the input that must be the behaviour policy's log-probs, read from the rollout node
+    that sampled the responses (``rollout_log_probs``)."""
+
+    @property
+    def policy_gradient(self) -> bool:
+        """A loss whose gradient is an expectation over responses sampled from the policy it trains: it reads
+        the trained model's ``log_probs`` and the ``advantages``. On lagged samples it needs a correction."""
+        return self.kind == "loss" and "log_probs" in {f.name for f in self.model_inputs} and "advantages" in self.input_names
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -165,11 +179,15 @@ def register_op(
     replace: bool = False,
     vanishes_with: str | None = None,
     finite: bool | tuple[str, ...] = True,
+    correction: str | None = None,
+    rollout_input: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` under ``name`` with its typed fields.
 
     ``finite`` says which outputs must hold only finite values: True (the default) every
-    floating-point output, False none, or a tuple of output names. A name already taken is an
+    floating-point output, False none, or a tuple of output names.
+    ``correction`` marks an off-policy correction (a one-line description) and ``rollout_input`` names the
+    input that must be the rollout's own log-probs (see :attr:`OpSpec.correction`). A name already taken is an
     OpRegistryError unless ``replace``, or unless it is the same function of the same module
     registering again (a reloaded module replaces its own ops).
 
@@ -187,6 +205,9 @@ def register_op(
         raise OpRegistryError(f"op {name!r}: vanishes_with={vanishes_with!r} must name one of its inputs "
                               f"({', '.join(f.name for f in in_specs)})")
     finite_outputs = _finite_outputs(name, finite, out_specs)
+    if rollout_input is not None and (correction is None or rollout_input not in {f.name for f in in_specs}):
+        raise OpRegistryError(f"op {name!r}: rollout_input={rollout_input!r} must name one of its inputs "
+                              f"({', '.join(f.name for f in in_specs)}) and come with correction='...'")
 
     def decorate(fn: Callable) -> Callable:
         if name in _REGISTRY and not replace and not _same_definition(_REGISTRY[name].fn, fn):
@@ -199,6 +220,7 @@ def register_op(
             name=name, fn=fn, kind=kind, inputs=in_specs, outputs=out_specs,
             model_inputs=model_specs, attrs=attrs, attr_defaults=defaults,
             doc=inspect.getdoc(fn) or "", vanishes_with=vanishes_with, finite_outputs=finite_outputs,
+            correction=correction, rollout_input=rollout_input,
         )
         return fn
 

@@ -50,7 +50,8 @@ def _sequence_log_ratio(log_ratio, valid, statistic):
     return total / valid.sum(dim=-1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
 
 
-@register_op("sequence_is_weight", inputs=_PAIR, outputs=_IS_WEIGHTS)
+@register_op("sequence_is_weight", inputs=_PAIR, outputs=_IS_WEIGHTS, rollout_input="rollout_log_probs",
+             correction="sequence-level truncated importance weights (one weight per response)")
 def sequence_is_weight(
     old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, *, cap: float = 2.0,
 ) -> ISWeights:
@@ -74,7 +75,8 @@ def sequence_is_weight(
     return ISWeights(select_valid(weight.expand_as(log_ratio), valid))
 
 
-@register_op("icepop_is_weight", inputs=_PAIR, outputs=_IS_WEIGHTS)
+@register_op("icepop_is_weight", inputs=_PAIR, outputs=_IS_WEIGHTS, rollout_input="rollout_log_probs",
+             correction="token-level IS weights that zero tokens whose ratio leaves a band (IcePop)")
 def icepop_is_weight(
     old_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,
@@ -135,7 +137,8 @@ def normalize_is_weight(is_weights: torch.Tensor, response_mask: torch.Tensor, *
     return ISWeights(weights / mean)
 
 
-@register_op("sequence_rejection_mask", inputs=_PAIR, outputs=("response_mask: float32[B, R]",))
+@register_op("sequence_rejection_mask", inputs=_PAIR, outputs=("response_mask: float32[B, R]",), rollout_input="rollout_log_probs",
+             correction="drops responses whose sequence-level IS ratio leaves a band (rejection sampling)")
 def sequence_rejection_mask(
     old_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,

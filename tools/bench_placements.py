@@ -36,7 +36,7 @@ COMBINATIONS = [
     ("ray", "standalone", ["placement=standalone", "cpu_slots=3"]),
     ("ray", "device map", ["device_map.actor=cpu", "device_map.critic=cpu"]),
     ("ray", "rollout pool", ["placement=actor+critic+ref@1;actor.generate@1", "cpu_slots=2"]),
-    ("ray", "split + staleness 1", ["placement=split", "staleness=1", "cpu_slots=2"]),
+    ("ray", "split + staleness 1", ["placement=split", "staleness=1", "allow_uncorrected_staleness=true", "cpu_slots=2"]),
 ]
 
 

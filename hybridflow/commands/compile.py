@@ -129,7 +129,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(ROLE.generate@N: a rollout pool of its own) | a device map 'actor=cuda:0,critic=cuda:1' "
                              "(default auto; CONFIG.yaml: placement=...)")
     parser.add_argument("--staleness", type=int, default=None, metavar="K",
-                        help="ALGO: overlap generation of iteration i+K with iteration i (needs a rollout pool of its own)")
+                        help="ALGO: overlap generation of iteration i+K with iteration i (needs a rollout pool of its own; "
+                             "a policy-gradient loss then needs an off-policy correction, e.g. algorithm grpo_is)")
+    parser.add_argument("--allow-uncorrected-staleness", action="store_true",
+                        help="ALGO with --staleness: compile a loss without an off-policy correction anyway (a warning; "
+                             "CONFIG.yaml: allow_uncorrected_staleness=true)")
     add_engine_argument(parser)
     add_batch_arguments(parser)
     parser.set_defaults(engine=None, prompts=None, prompt_len=None, response_len=None, epochs=None, mini_batches=None)
@@ -147,11 +151,27 @@ def _seconds(value: float | None) -> str:
 
 
 def summary_lines(report) -> list[str]:
-    """The chosen placement, its predicted iteration, each pool's roles and layouts, and the candidates tried."""
+    """The chosen placement, its predicted iteration, each pool's roles and layouts, the candidates tried, and
+    the lagged edges (:func:`lag_lines`)."""
     lines = placement_lines(report.plan)
     if len(report.candidates) > 1:
         tried = ", ".join(f"{label} {_seconds(seconds)}" for label, seconds in report.candidates)
         lines.append(f"  scheduled candidates: {tried}")
+    return lines + lag_lines(report.plan)
+
+
+def lag_lines(plan) -> list[str]:
+    """A plan's lagged edges (:meth:`~hybridflow.compiler.plan.ExecutionPlan.edge_lags`), one line per producer
+    field and lag: ``lag 1: actor.generate.response_mask -> actor.logprob, actor.update``; none on-policy."""
+    grouped: dict[tuple[int, str], list[str]] = {}
+    for edge, lag in plan.edge_lags().items():
+        if lag:
+            grouped.setdefault((lag, f"{edge.producer}.{edge.field}"), []).append(edge.consumer)
+    if not grouped:
+        return []
+    lines = [f"  lagged edges (staleness {plan.staleness}; lag = policy updates between the weights that made a value "
+             "and the ones that read it):"]
+    lines += [f"    lag {lag}: {value} -> {', '.join(consumers)}" for (lag, value), consumers in grouped.items()]
     return lines
 
 
@@ -225,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                           "a run file: hybridflow compile CONFIG.yaml --cluster local")
     hooks = (IRDump(Path(args.dump_ir)),) if args.dump_ir else ()
     settings = dict(placement=args.placement, staleness=args.staleness, batch=batch_from_args(args),
+                    allow_uncorrected_staleness=args.allow_uncorrected_staleness,
                     debug=args.debug or None, hooks=hooks, engines=parse_engines(args.engine))
     if args.cluster in ("local", "ray"):  # a plan this machine runs: executable layouts, bound to its devices
         machine = machine_for(args.cluster, args.cpu_slots)

@@ -23,6 +23,7 @@ __all__ = ["run", "ALGO_FLAGS"]
 
 ALGO_FLAGS = {"models": "--model (the config's actor_model_name, critic_model_name, ...)",
               "placement": "--placement (placement=...)", "staleness": "--staleness (staleness=...)",
+              "allow_uncorrected_staleness": "--allow-uncorrected-staleness (allow_uncorrected_staleness=true)",
               "engine": "--engine", "prompts": "--prompts (rollout_batch_size=...)",
               "prompt_len": "--prompt-len (max_prompt_length=...)",
               "response_len": "--response-len (max_response_length=...)", "epochs": "--epochs (ppo_epochs=...)",

@@ -101,6 +101,7 @@ def _read_trace(path: str | None):
 def _draw_plan_doc(doc: object, out: Path, args: argparse.Namespace | None = None) -> Written:
     from ..compiler.plan import read_plan
     from ..viz.gantt import draw_gantt
+    from ..viz.graph import draw_graph
     from ..viz.plan import draw_plan
     from ..viz.trace import write_plan_trace
 
@@ -110,7 +111,11 @@ def _draw_plan_doc(doc: object, out: Path, args: argparse.Namespace | None = Non
     title = f"{plan.graph.name} on {plan.cluster}: predicted schedule" + (" and a measured run" if trace else "")
     gantt = draw_gantt(out.with_name(out.name + ".gantt.svg"), plan, trace, iteration=getattr(args, "iteration", None), title=title)
     chrome = write_plan_trace(plan, out.with_name(out.name + ".trace.json"))
-    paths = tuple(p for p in (placement.dot, placement.svg, gantt, chrome) if p)
+    lags = plan.edge_lags()
+    # a plan with staleness: its graph too, the lagged edges dashed with their lag
+    graph = draw_graph(plan.graph, out.with_name(out.name + ".graph"), lags) if any(lags.values()) else None
+    drawn_graph = (graph.dot, graph.svg) if graph else ()
+    paths = tuple(p for p in (placement.dot, placement.svg, gantt, chrome, *drawn_graph) if p)
     message = f"wrote {', '.join(map(str, paths))} (open {chrome.name} in ui.perfetto.dev)"
     if placement.svg is None:
         message += "\n" + placement.message

@@ -174,7 +174,8 @@ def as_graph(graph: Any) -> Graph:
 def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str, ModelSpec | str] | ModelSpec | str, *,
                    placement: Any = "auto", staleness: int = 0, batch: BatchShape | None = None,
                    options: CostOptions | None = None, debug: bool | None = None, hooks: tuple = (),
-                   engines: tuple[str, ...] = (DEFAULT_ENGINE,)) -> CompileReport:
+                   engines: tuple[str, ...] = (DEFAULT_ENGINE,),
+                   allow_uncorrected_staleness: bool = False) -> CompileReport:
     """Compile and say how: the plan, the search, the candidates tried (see :func:`compile`)."""
     start = time.perf_counter()
     graph = as_graph(graph)
@@ -191,7 +192,8 @@ def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str
                         "Compile it with staleness 0")
     ctx = CompileContext(graph=graph, cluster=cluster, models=resolve_models(graph, models), batch=batch or BatchShape(),
                          options=options or CostOptions(), placement=parse_placement(placement), staleness=staleness,
-                         engines=check_engines(engines, "compile(engines=...)"))
+                         engines=check_engines(engines, "compile(engines=...)"),
+                         allow_uncorrected_staleness=allow_uncorrected_staleness)
     verify = _debug_default() if debug is None else debug
     strategy = ctx.placement if isinstance(ctx.placement, str) else None
     if strategy is None or (strategy != "auto" and not (staleness and strategy == "split")):
@@ -209,7 +211,7 @@ def compile_report(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str
 def compile(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str, ModelSpec | str] | ModelSpec | str, *,
             placement: Any = "auto", staleness: int = 0, batch: BatchShape | None = None,
             options: CostOptions | None = None, debug: bool | None = None, hooks: tuple = (),
-            engines: tuple[str, ...] = (DEFAULT_ENGINE,)) -> ExecutionPlan:
+            engines: tuple[str, ...] = (DEFAULT_ENGINE,), allow_uncorrected_staleness: bool = False) -> ExecutionPlan:
     """The ExecutionPlan of ``graph`` on ``cluster``.
 
     - ``models``: role -> model preset name, ``config.json`` path, ModelSpec or
@@ -219,7 +221,9 @@ def compile(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str, Model
       a pool spec (``"actor+ref@8;critic+reward@8"``, optionally with a rollout
       pool ``actor.generate@N``) or list of PoolSpec/RolloutPool, or a device map.
     - ``staleness``: k > 0 overlaps generation of iteration i+k with iteration i
-      (needs generation on its own devices; PlanError says why not otherwise).
+      (needs generation on its own devices; PlanError says why not otherwise). A policy-gradient loss must
+      then be corrected for the lagged rollout (StalenessError otherwise, :mod:`hybridflow.graph.staleness`);
+      ``allow_uncorrected_staleness=True`` compiles it anyway, with a warning.
     - ``batch``: prompts, lengths, epochs and mini-batches (the paper's workload by default).
     - ``debug``: verify after every pass (default: ``HYBRIDFLOW_DEBUG``); ``hooks``: :class:`PassHook` objects.
     - ``engines``: training engines the trainable roles may use (``fsdp``, ``megatron``; the search picks
@@ -227,4 +231,5 @@ def compile(graph: Graph, cluster: ClusterSpec | str, models: Mapping[str, Model
       so :func:`~hybridflow.compiler.machine.bind` refuses a plan with another.
     """
     return compile_report(graph, cluster, models, placement=placement, staleness=staleness, batch=batch,
-                          options=options, debug=debug, hooks=hooks, engines=engines).plan
+                          options=options, debug=debug, hooks=hooks, engines=engines,
+                          allow_uncorrected_staleness=allow_uncorrected_staleness).plan

@@ -270,7 +270,7 @@ def executable_options(options: CostOptions | None) -> CostOptions:
 def compile_report_for(graph, models, *, machine: Machine | None = None, cluster: ClusterSpec | None = None,
                        placement="colocate", staleness: int = 0, batch=None, options: CostOptions | None = None,
                        engines: tuple[str, ...] = RUNTIME_TRAIN_ENGINES, debug: bool | None = None,
-                       hooks: tuple = (), bound: bool = True) -> CompileReport:
+                       hooks: tuple = (), bound: bool = True, allow_uncorrected_staleness: bool = False) -> CompileReport:
     """Compile for ``machine`` (default: :func:`local_machine`) a plan its runtime executes, and :func:`bind` it.
 
     The one path from a graph to a plan an executor runs (the trainer's run spec, ``hybridflow compile
@@ -290,7 +290,7 @@ def compile_report_for(graph, models, *, machine: Machine | None = None, cluster
     models = {**{r.name: "rule" for r in graph.roles if r.kind in ("reward", "cost")}, **models}
     report = compile_report(graph, cluster or machine.cluster(), models, placement=placement, staleness=staleness,
                             batch=batch, options=executable_options(options), engines=engines, debug=debug,
-                            hooks=hooks)
+                            hooks=hooks, allow_uncorrected_staleness=allow_uncorrected_staleness)
     return replace(report, plan=bind(report.plan, machine)) if bound else report
 
 

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from ..errors import GraphError, PlanError
 from ..graph import Graph
 from ..graph.serialize import graph_from_dict, graph_to_dict
+from ..graph.staleness import Edge, edge_lags
 from .engine import DEFAULT_ENGINE, TrainEngine
 
 __all__ = ["PLAN_VERSION", "OP_KINDS", "CONTROL_KINDS", "STATE_ITEMS", "PoolPlan", "LayoutPlan", "RolePlacement", "PlanOp", "ExecutionPlan", "read_plan", "verify_plan"]
@@ -171,6 +172,15 @@ class ExecutionPlan(_Frozen):
 
     def roles_on(self, pool: str) -> tuple[str, ...]:
         return tuple(p.role for p in self.placements if p.pool == pool)
+
+    def edge_lags(self) -> dict[Edge, int]:
+        """The maximal policy lag of every edge of the graph as this plan runs it: each node at its ops'
+        iteration offset (generation ahead by ``staleness``); see :mod:`hybridflow.graph.staleness`."""
+        offsets: dict[str, int] = {}
+        for op in self.ops:
+            if op.kind == "node" and op.node is not None:
+                offsets[op.node] = max(offsets.get(op.node, 0), op.iteration_offset)
+        return edge_lags(self.graph, offsets=offsets)
 
     def upstream(self, op: str) -> set[str]:
         """The names of the ops that op ``op`` waits on, directly or through others (its deps, transitively)."""

@@ -28,13 +28,14 @@ from .errors import (
 from .ir import CONTROLLER, NODE_KINDS, ROLE_KINDS, Graph, GraphInput, Input, Node, Role
 from .resampling import Resample, ResampleError, resample
 from .schema import ADVANTAGES, LOG_PROBS, OLD_LOG_PROBS, PROMPTS, REF_LOG_PROBS, ROLLOUT, SCORES, VALUES, FieldSpec, Schema
+from .staleness import Edge, check_staleness, edge_lags, lagged_edges
 from .state import StateRule
 from .trace import compute
 from .validate import validate
 from .values import LossSpec, Value, loss
 
 __all__ = [
-    "Algorithm", "algorithm", "compute", "loss", "validate", "resample", "Resample", "ResampleError", "StateRule", "GRAPH_INPUTS", "ROLE_KINDS_BY_NAME",
+    "Algorithm", "algorithm", "compute", "loss", "validate", "resample", "Resample", "ResampleError", "StateRule", "Edge", "edge_lags", "lagged_edges", "check_staleness", "GRAPH_INPUTS", "ROLE_KINDS_BY_NAME",
     "Graph", "GraphInput", "Input", "Node", "Role", "CONTROLLER", "NODE_KINDS", "ROLE_KINDS",
     "GenerateAttrs", "InferAttrs", "ScoreAttrs", "ComputeAttrs", "LossTerm", "UpdateAttrs", "LossSpec", "Value",
     "FieldSpec", "Schema", "PROMPTS", "ROLLOUT", "LOG_PROBS", "OLD_LOG_PROBS", "REF_LOG_PROBS", "VALUES", "SCORES", "ADVANTAGES",

@@ -7,7 +7,9 @@ through :func:`warnings.warn`).
 
 1. names: node and graph-input names are distinct (DuplicateNodeError);
 2. roles: every node runs on a declared role or the controller (UndeclaredRoleError);
-3. producers: every input names an existing producer and field (MissingFieldError);
+3. corrections: an off-policy correction reads the behaviour log-probs from a rollout
+   node that emits them (:func:`~.staleness.check_rollout_inputs`, StalenessError);
+   producers: every input names an existing producer and field (MissingFieldError);
 4. acyclic and listed in topological order (CycleError, NodeOrderError);
 5. per node, its signature (see :mod:`hybridflow.graph.signature`): the op
    exists and fits the node kind (UnknownOpError, OpKindError), attributes are
@@ -35,6 +37,7 @@ from .errors import (
 )
 from .ir import CONTROLLER, Graph, Node
 from .resampling import check_resample
+from .staleness import check_rollout_inputs
 from .signature import Signature, bind_inputs, node_signature, output_fields
 
 __all__ = ["validate", "check_group_sizes"]
@@ -176,6 +179,7 @@ def validate(graph: Graph) -> list[UnusedValueWarning]:
         raise GraphError(f"validate() takes a Graph, got {type(graph).__name__}")
     _check_names(graph)
     _check_roles(graph)
+    check_rollout_inputs(graph)
     _check_producers(graph)
     _check_order(graph)
     producers = graph.producers()

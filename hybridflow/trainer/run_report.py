@@ -64,7 +64,7 @@ def write_artifacts(trainer: "Trainer") -> dict[str, Path]:
 
     out = trainer.output_dir
     try:
-        drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph")
+        drawn = draw_graph(trainer.graph, out / f"{trainer.algorithm}_graph", trainer.plan.edge_lags())
         paths = {"graph": drawn.svg or drawn.dot}
         if trainer.executor is not None and trainer.executor.recorder.spans:
             trace, timing = out / "trace.json", out / "timing.txt"

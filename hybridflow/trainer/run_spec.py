@@ -90,6 +90,7 @@ class RunSpec:
     cluster has datasheet figures)."""
     placement: Any
     staleness: int
+    allow_uncorrected_staleness: bool = False
 
     @property
     def calibrated(self) -> bool:
@@ -109,7 +110,7 @@ class RunSpec:
         return compile_report_for(self.graph, self.model_specs(), machine=self.machine, cluster=self.cluster,
                                   placement=self.placement, staleness=self.staleness, batch=self.batch,
                                   options=self.options, engines=self.train_engines, debug=debug, hooks=hooks,
-                                  bound=bound)
+                                  bound=bound, allow_uncorrected_staleness=self.allow_uncorrected_staleness)
 
 
 def model_sources(config: PPOConfig, graph: Graph, actor_path: str, reward_source: Any = None) -> dict[str, str | None]:
@@ -242,7 +243,7 @@ def derive(config: PPOConfig, graph: Graph, machine: Machine, inputs: RunInputs,
     return RunSpec(graph=graph, machine=machine, models=models, batch=batch, responses=responses,
                    rollout_engine=config.rollout_engine, train_engines=RUNTIME_TRAIN_ENGINES, options=options,
                    cluster=cluster, profiles=profiles, placement=_placement(config, graph, machine),
-                   staleness=config.staleness)
+                   staleness=config.staleness, allow_uncorrected_staleness=config.allow_uncorrected_staleness)
 
 
 def set_process_threads(config: PPOConfig, machine: Machine) -> None:

@@ -4,15 +4,18 @@ Node shape says the node kind, fill colour the role it runs on (compute nodes
 run on the controller, grey), edges are labelled with the fields they carry
 (``field`` or ``producer field -> consumer field`` when renamed); a legend
 lists the kinds and roles that appear, and the title lists the graph's
-attributes. The styling lives in the tables below.
+attributes. Given the edge lags of a plan with staleness
+(:meth:`~hybridflow.compiler.plan.ExecutionPlan.edge_lags`), a lagged edge is
+dashed, in LAG_COLOUR, and its label ends with ``lag=k``. The styling lives in
+the tables below.
 """
 from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from ..graph import CONTROLLER, Graph, Node
+from ..graph import CONTROLLER, Edge, Graph, Node
 from .render import Rendered, write_dot_and_svg
 
 __all__ = ["KIND_SHAPES", "ROLE_COLOURS", "graph_to_dot", "draw_graph"]
@@ -35,6 +38,8 @@ ROLE_COLOURS: dict[str, str] = {
 
 PALETTE = ("#ffff99", "#8dd3c7", "#bebada", "#80b1d3", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5")
 INPUT_COLOUR = "#ffffff"
+LAG_COLOUR = "#c07000"
+"""Lagged edges (data sampled by older weights) are dashed in this colour."""
 
 
 def role_colours(graph: Graph) -> dict[str, str]:
@@ -85,8 +90,8 @@ def _edge_label(fields: tuple[tuple[str, str], ...]) -> str:
     return "\n".join(_wrap(", ".join(names), width=30))
 
 
-def graph_to_dot(graph: Graph):
-    """The graph as a ``graphviz.Digraph``."""
+def graph_to_dot(graph: Graph, lags: Mapping[Edge, int] | None = None):
+    """The graph as a ``graphviz.Digraph``; ``lags``: the lag of each edge (lagged ones are drawn dashed)."""
     import graphviz
 
     colours = role_colours(graph)
@@ -108,8 +113,16 @@ def graph_to_dot(graph: Graph):
             for name in region.nodes:
                 node = graph.node(name)
                 box.node(name, _label(name, _DETAIL[node.kind](node)), fillcolor=colours.get(node.role, "#ffffff"), **KIND_SHAPES[node.kind])
+    lag_of: dict[tuple[str, str], int] = {}
+    for edge, lag in (lags or {}).items():
+        lag_of[(edge.producer, edge.consumer)] = max(lag, lag_of.get((edge.producer, edge.consumer), 0))
     for (source, target), fields in _edges(graph).items():
-        dot.edge(source, target, label=_edge_label(fields))
+        lag = lag_of.get((source, target), 0)
+        if lag:
+            dot.edge(source, target, label=f"{_edge_label(fields)}\nlag={lag}", style="dashed", color=LAG_COLOUR,
+                     fontcolor=LAG_COLOUR)
+        else:
+            dot.edge(source, target, label=_edge_label(fields))
     _legend(dot, graph, colours)
     return dot
 
@@ -156,6 +169,6 @@ def _in_order(row, keys: list[str]) -> None:
         row.edge(left, right, style="invis")
 
 
-def draw_graph(graph: Graph, out: str | Path) -> Rendered:
-    """Write ``out.dot`` and, when Graphviz's ``dot`` exists, ``out.svg``."""
-    return write_dot_and_svg(graph_to_dot(graph).source, out)
+def draw_graph(graph: Graph, out: str | Path, lags: Mapping[Edge, int] | None = None) -> Rendered:
+    """Write ``out.dot`` and, when Graphviz's ``dot`` exists, ``out.svg`` (``lags``: see :func:`graph_to_dot`)."""
+    return write_dot_and_svg(graph_to_dot(graph, lags).source, out)

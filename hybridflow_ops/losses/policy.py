@@ -115,7 +115,7 @@ def ppo_clip(
 
 @register_op(
     "ppo_clip_is", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS + ("is_weights: float32[B, R]",), outputs=_LOSS, kind="loss",
-    vanishes_with="advantages",
+    vanishes_with="advantages", correction="applies per-token importance weights (is_weights) to the PPO loss",
 )
 def ppo_clip_is(
     log_probs: torch.Tensor,
@@ -202,6 +202,7 @@ def gspo(
     "truncated_is_weight",
     inputs=("old_log_probs: float32[B, R]", "rollout_log_probs: float32[B, R]", "response_mask: float32[B, R]"),
     outputs=("is_weights: float32[B, R]",),
+    correction="token-level truncated importance weights min(pi_old / pi_rollout, cap) (TIS)", rollout_input="rollout_log_probs",
 )
 def truncated_is_weight(
     old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, *, cap: float = 2.0,

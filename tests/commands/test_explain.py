@@ -191,7 +191,7 @@ def test_with_staleness_a_step_is_a_call_and_the_next_steps_generation_does_not_
     with warnings.catch_warnings():  # no importance-sampling correction in GRPO's graph: a warning, not the point
         warnings.simplefilter("ignore")
         plan = compile(ALGORITHMS["grpo"].build(), "a100-80g:1", {"actor": "qwen2.5-0.5b", "reward": "rule"},
-                       placement="actor+ref@4;actor.generate@4", staleness=1,
+                       placement="actor+ref@4;actor.generate@4", staleness=1, allow_uncorrected_staleness=True,
                        batch=BatchShape(prompts=64, prompt_len=256, response_len=256))
     assert {op.name for op in plan.ops if op.iteration_offset} == {"actor.weight_sync", "actor.generate"}
     spans = []

@@ -13,7 +13,7 @@ from hybridflow.compiler.compile import IRDump, PassTimer, compile, compile_repo
 from hybridflow.compiler.models import ModelSpec
 from hybridflow.compiler.passes import BatchShape, PIPELINE
 from hybridflow.compiler.plan import ExecutionPlan, verify_plan
-from hybridflow.errors import ConfigError, PlacementError, PlanError
+from hybridflow.errors import ConfigError, PlacementError, PlanError, StalenessError
 
 SEVEN_B = {"actor": "llama2-7b"}
 
@@ -80,8 +80,11 @@ def test_rollout_pool_gets_a_bucketed_broadcast_and_overlaps_with_staleness():
     assert actor.generation_pool == "pool2" and sync.pool == "pool0" and sync.target_pool == "pool2"
     assert sync.volume_bytes == 2 * ModelSpec.preset("llama2-7b").params and "buckets" in sync.note
     assert set(on_policy.pool("pool2").devices).isdisjoint(on_policy.pool("pool0").devices)
-    with pytest.warns(UserWarning, match="importance-sampling"):
-        stale = compile(graph, "a100-80g:2", SEVEN_B, placement=spec, staleness=1, debug=True)
+    with pytest.raises(StalenessError, match="ppo_clip trains on lagged data"):  # PPO has no off-policy correction
+        compile(graph, "a100-80g:2", SEVEN_B, placement=spec, staleness=1)
+    with pytest.warns(UserWarning, match="no off-policy correction"):
+        stale = compile(graph, "a100-80g:2", SEVEN_B, placement=spec, staleness=1, debug=True,
+                        allow_uncorrected_staleness=True)
     moved = {op.name for op in stale.ops if op.iteration_offset == 1}
     assert moved == {"actor.weight_sync", "actor.generate"}
     assert not any(set(op.deps) & moved for op in stale.ops if op.iteration_offset == 0)
@@ -91,16 +94,19 @@ def test_rollout_pool_gets_a_bucketed_broadcast_and_overlaps_with_staleness():
 
 def test_staleness_on_a_shared_pool_says_why_not():
     with pytest.raises(PlanError, match=r"generation runs on pool 'pool0'.*actor.update.*pool of its own"):
-        compile(ALGORITHMS["ppo"].build(), "a100-80g:2", SEVEN_B, placement="colocate", staleness=1)
+        compile(ALGORITHMS["ppo"].build(), "a100-80g:2", SEVEN_B, placement="colocate", staleness=1,
+                allow_uncorrected_staleness=True)
     with pytest.raises(PlanError, match="devices of its own"):  # one device: nothing to give the rollout
-        compile(ALGORITHMS["ppo"].build(), ClusterSpec.preset("a100-80g", devices_per_node=1), SEVEN_B, staleness=1)
+        compile(ALGORITHMS["ppo"].build(), ClusterSpec.preset("a100-80g", devices_per_node=1), SEVEN_B, staleness=1,
+                allow_uncorrected_staleness=True)
 
 
 def test_staleness_on_one_node_carves_a_rollout_pool_out_of_it():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PPO has no IS correction: the compiler warns about the bias
         for placement in ("auto", "split"):
-            plan = compile(ALGORITHMS["ppo"].build(), "a100-80g:1", SEVEN_B, placement=placement, staleness=1)
+            plan = compile(ALGORITHMS["ppo"].build(), "a100-80g:1", SEVEN_B, placement=placement, staleness=1,
+                           allow_uncorrected_staleness=True)
             rollout = plan.placement("actor").generation_pool
             assert rollout and plan.strategy == placement
             assert sum(len(p.devices) for p in plan.pools if p.name != "host") == 8
@@ -110,7 +116,8 @@ def test_staleness_on_one_node_carves_a_rollout_pool_out_of_it():
 def test_auto_with_staleness_gives_the_rollout_whole_nodes():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        report = compile_report(ALGORITHMS["ppo"].build(), "a100-80g:3", SEVEN_B, staleness=1, debug=True)
+        report = compile_report(ALGORITHMS["ppo"].build(), "a100-80g:3", SEVEN_B, staleness=1, debug=True,
+                                allow_uncorrected_staleness=True)
     assert [label for label, _ in report.candidates] == ["auto+rollout@8", "auto+rollout@16"]
     gen_pool = report.plan.placement("actor").generation_pool
     assert gen_pool and len(report.plan.pool(gen_pool).devices) % 8 == 0

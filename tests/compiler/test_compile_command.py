@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.cli import main
 from hybridflow.compiler.plan import ExecutionPlan, verify_plan
@@ -123,3 +125,24 @@ def test_compile_engine_flag_records_the_training_engine(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv + ["--engine", "deepspeed"]) == 1
     assert "choose from fsdp, megatron" in capsys.readouterr().err
+
+
+def test_compile_refuses_uncorrected_staleness_and_prints_the_lags(tmp_path, capsys):
+    argv = ["--model", "actor=qwen2.5-7b", "reward=rule", "--cluster", "a100-80g:2", "--placement", "split",
+            "--staleness", "1"]
+    assert main(["compile", "grpo", *argv, "-o", str(tmp_path / "g.json")]) == 1
+    err = capsys.readouterr().err
+    assert "node 'actor.update' field 'advantages': loss ppo_clip trains on lagged data" in err
+    assert "grpo_advantage.advantages -> actor.update has lag 1" in err and "truncated_is_weight (compute" in err
+    assert not (tmp_path / "g.json").exists()
+    assert main(["compile", "grpo_is", *argv, "-o", str(tmp_path / "gis.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "lagged edges (staleness 1" in printed
+    assert "    lag 1: actor.generate.rollout_log_probs -> truncated_is_weight\n" in printed
+    assert "    lag 1: grpo_advantage.advantages -> actor.update\n" in printed
+    assert "actor.logprob.old_log_probs" not in printed  # recomputed on the trained weights: lag 0
+    with pytest.warns(UserWarning, match="no off-policy correction"):
+        assert main(["compile", "grpo", *argv, "--allow-uncorrected-staleness", "-o", str(tmp_path / "g.json")]) == 0
+    assert "lag 1: grpo_advantage.advantages -> actor.update" in capsys.readouterr().out
+    assert main(["compile", "grpo_is", *argv[:-4], "-o", str(tmp_path / "on.json")]) == 0
+    assert "lagged edges" not in capsys.readouterr().out  # on-policy: no lag to show

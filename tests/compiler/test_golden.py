@@ -29,7 +29,7 @@ CASES = {
     "ppo-34b-colocate-16": dict(models={"actor": "llama2-34b"}, placement="colocate"),
     # a rollout pool of its own, one step off-policy: cross-pool broadcast, overlapped generation
     "ppo-7b-rollout-stale1-16": dict(models={"actor": "llama2-7b"}, placement="actor+ref@8;critic+reward@4;actor.generate@4",
-                                     staleness=1),
+                                     staleness=1, allow_uncorrected_staleness=True),
 }
 
 

@@ -100,7 +100,7 @@ def test_staleness_on_the_local_executor_is_a_named_error(fast_config, tmp_path)
     from hybridflow.errors import ExecutionError
 
     with pytest.raises(ExecutionError, match="staleness 1.*cannot run.*executor='ray'"):
-        _run(fast_config, tmp_path, "stale", placement="split", staleness=1, cpu_slots=2)
+        _run(fast_config, tmp_path, "stale", placement="split", staleness=1, allow_uncorrected_staleness=True, cpu_slots=2)
 
 
 def test_calibrated_plan_predicts_this_machine(fast_config, tmp_path):

@@ -68,7 +68,7 @@ def test_grpo_with_vllm_rollouts_on_ray_one_step_off_policy(fast_config, llama_d
     process is in the slots' torch.distributed world (vLLM's worker then runs in a process of its own)."""
     out = tmp_path / "ray"
     trainer = GRPOTrainer(config=_config(fast_config, llama_dir, out, max_steps=3, executor="ray", placement="split",
-                                         staleness=1, cpu_slots=2, val_samples=1))
+                                         staleness=1, allow_uncorrected_staleness=True, cpu_slots=2, val_samples=1))
     try:
         history = trainer.train()
         actor = trainer.plan.placement("actor")

@@ -6,7 +6,8 @@ import shutil
 
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.graph import CONTROLLER
-from hybridflow.viz.graph import KIND_SHAPES, ROLE_COLOURS, draw_graph, graph_to_dot
+from hybridflow.graph import edge_lags
+from hybridflow.viz.graph import KIND_SHAPES, LAG_COLOUR, ROLE_COLOURS, draw_graph, graph_to_dot
 
 
 def _node_line(source: str, name: str) -> str:
@@ -30,6 +31,18 @@ def test_dot_shapes_colours_and_edge_labels():
 def test_renamed_fields_show_both_names():
     source = graph_to_dot(ALGORITHMS["safe_rlhf"].build()).source
     assert "advantages → cost_advantages" in source and "costs → scores" in source
+
+
+def test_lagged_edges_are_dashed_and_labelled_with_their_lag():
+    graph = ALGORITHMS["grpo_is"].build()
+    source = graph_to_dot(graph, edge_lags(graph, 1)).source
+    lagged = re.search(r'"actor.generate" -> truncated_is_weight \[(.*?)\]', source, re.S).group(1)
+    assert "\nlag=1" in lagged and "style=dashed" in lagged and LAG_COLOUR in lagged
+    assert re.search(r'grpo_advantage -> "actor.update" \[label="advantages\nlag=1" ', source)
+    fresh = re.search(r'"actor.logprob" -> truncated_is_weight \[(.*?)\]', source, re.S).group(1)
+    assert "lag=" not in fresh and "dashed" not in fresh  # recomputed on the trained weights: lag 0
+    on_policy = graph_to_dot(graph, edge_lags(graph, 0)).source
+    assert "lag=" not in on_policy and on_policy == graph_to_dot(graph).source
 
 
 def test_grpo_shows_n_and_the_loss_terms():

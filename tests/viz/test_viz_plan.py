@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 import xml.etree.ElementTree as ET
@@ -27,7 +28,7 @@ def plans():
         return {
             "colocate": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, placement="colocate"),
             "split": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, placement="split"),
-            "rollout": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, staleness=1,
+            "rollout": compile(graph, "a100-80g:2", {"actor": "llama2-7b"}, staleness=1, allow_uncorrected_staleness=True,
                                placement="actor+ref@8;critic+reward@4;actor.generate@4"),
             "offload": compile(graph, "a100-80g:2", {"actor": "llama2-34b"}, placement="colocate"),
         }
@@ -104,6 +105,10 @@ def test_viz_command_draws_plans_and_traces(plans, tmp_path, capsys):
     assert (out / "ppo.dot").exists() and (out / "ppo.gantt.svg").exists()
     assert json.loads((out / "ppo.trace.json").read_text())["traceEvents"]
     assert "measured: run trace" in (out / "ppo.gantt.svg").read_text()
+    # the plan has staleness 1: its graph is drawn beside it, the rollout's edges dashed with their lag
+    drawn = (out / "ppo.graph.dot").read_text()
+    assert re.search(r'whiten -> "actor.update" \[label="advantages\nlag=1" ', drawn)
+    assert re.search(r'"actor.logprob" -> "actor.update" \[label=old_log_probs\]', drawn)
     if shutil.which("dot"):
         assert "actor.weight_sync" in (out / "ppo.svg").read_text()
     assert main(["viz", str(run), "-o", str(tmp_path / "replay")]) == 0

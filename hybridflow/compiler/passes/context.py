@@ -40,6 +40,9 @@ class CompileContext:
     options: CostOptions = field(default_factory=CostOptions)
     placement: Any = "auto"
     staleness: int = 0
+    allow_uncorrected_staleness: bool = False
+    """With ``staleness > 0``, compile a graph whose policy-gradient loss has no off-policy correction (biased
+    gradient, knowingly) instead of raising StalenessError (:mod:`hybridflow.graph.staleness`)."""
     engines: tuple[str, ...] = ("fsdp",)
     """Training engines the trainable roles may use (:mod:`hybridflow.compiler.engine`); the placement pass picks one per role."""
 

@@ -16,16 +16,20 @@ read the rollout produced k iterations ago and stop waiting for the
 generation. That only helps, and is only safe for memory, when generation
 runs on devices that do nothing else in the iteration — a rollout pool of its
 own; otherwise the pass raises :class:`~hybridflow.errors.PlanError` saying
-which ops share the pool. The loss should correct for the stale rollout
-(truncated importance sampling, ``truncated_is_weight`` + ``ppo_clip_is``);
-the pass warns when the graph does not.
+which ops share the pool. Every edge then has a lag (:mod:`hybridflow.graph.staleness`):
+a policy-gradient loss that reads the stale rollout must be corrected (truncated
+importance sampling, ``truncated_is_weight`` + ``ppo_clip_is``, or another
+correction the op registry declares); the pass raises
+:class:`~hybridflow.errors.StalenessError` when it is not, and only warns when
+the context allows it (``allow_uncorrected_staleness``).
 """
 from __future__ import annotations
 
 import math
 import warnings
 
-from ...errors import PlanError
+from ...errors import PlanError, StalenessError
+from ...graph.staleness import check_staleness, lagged_edges
 from ..plan import ExecutionPlan, PlanOp
 from .context import CompileContext
 from .order import priority_order
@@ -44,8 +48,18 @@ def _generation_ops(plan: ExecutionPlan) -> set[str]:
     return gen | syncs
 
 
-def overlap_generation(plan: ExecutionPlan, k: int) -> ExecutionPlan:
-    """Mark generation (and its weight syncs) as working for iteration i+k; raise PlanError when its pool is shared."""
+def _corrected(graph, offsets) -> bool:
+    try:
+        check_staleness(graph, offsets=offsets)
+    except StalenessError:
+        return False
+    return True
+
+
+def overlap_generation(plan: ExecutionPlan, k: int, allow_uncorrected: bool = False) -> ExecutionPlan:
+    """Mark generation (and its weight syncs) as working for iteration i+k; raise PlanError when its pool is shared,
+    StalenessError when a policy-gradient loss would train on the lagged rollout uncorrected (a warning instead
+    with ``allow_uncorrected``)."""
     moved = _generation_ops(plan)
     if not moved:
         raise PlanError(f"staleness={k}: the graph generates nothing, so there is nothing to overlap; use staleness 0")
@@ -60,10 +74,13 @@ def overlap_generation(plan: ExecutionPlan, k: int) -> ExecutionPlan:
                 f"on pool {pool!r} ({roles}), which also runs {', '.join(sharing)}; the two would take turns, not overlap. "
                 f"Give the rollout a pool of its own, e.g. --placement 'actor+ref@8;critic+reward@4;actor.generate@4' "
                 f"(or ROLE.generate@N in your spec), or use staleness 0")
-    if not any(n.op == "truncated_is_weight" for n in graph.nodes):
-        warnings.warn(f"staleness={k}: the rollout is {k} update(s) old when it is trained on, and graph {graph.name!r} has no "
-                      "importance-sampling correction (truncated_is_weight + ppo_clip_is); expect a biased gradient",
-                      stacklevel=3)
+    offsets = {op.node: k if op.name in moved else 0 for op in plan.ops if op.kind == "node"}
+    if allow_uncorrected:
+        if lagged_edges(graph, offsets=offsets) and not _corrected(graph, offsets):
+            warnings.warn(f"staleness={k}: graph {graph.name!r} trains on a rollout {k} update(s) old with no off-policy "
+                          "correction (allow_uncorrected_staleness); expect a biased gradient", stacklevel=3)
+    else:
+        check_staleness(graph, offsets=offsets)
     ops = []
     for op in plan.ops:
         if op.name in moved:
@@ -92,7 +109,7 @@ def schedule(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
     ``ctx.staleness > 0`` generation moved to iteration i+k (module docstring).
     """
     if ctx.staleness:
-        plan = overlap_generation(plan, ctx.staleness)
+        plan = overlap_generation(plan, ctx.staleness, ctx.allow_uncorrected_staleness)
     view = PlanView(plan, ctx)
     order = priority_order(plan)
     free: dict[str, float] = {}

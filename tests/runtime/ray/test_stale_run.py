@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_grpo_with_staleness_one_overlaps_generation_from_the_config(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "hybridflow.cli", "run", str(ROOT / "examples/configs/grpo_arith.yaml"),
-               "placement=split", "executor=ray", "staleness=1", "max_steps=5", "cpu_slots=2", "rollout_batch_size=8",
+               "placement=split", "executor=ray", "staleness=1", "allow_uncorrected_staleness=true", "max_steps=5", "cpu_slots=2", "rollout_batch_size=8",
                f"output_dir={out}", "trackers=[jsonl]", "progress_bar=false", "save_freq=0", "val_samples=1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
