@@ -59,7 +59,7 @@ def _executor(watchdog: Watchdog) -> LocalExecutor:
 def test_a_compute_op_that_blocks_on_the_controller_is_named(tmp_path):
     gate = threading.Event()
     GATES[:] = [gate]
-    executor = _executor(Watchdog(1.0, "stop", report_path=tmp_path / "hang.txt"))
+    executor = _executor(Watchdog(3.0, "stop", report_path=tmp_path / "hang.txt"))
     try:
         with pytest.raises(HangError, match="in flight: op 'hang_probe_baseline' on the controller"):
             executor.run_iteration({"prompts": _prompts(2)})
@@ -75,7 +75,7 @@ def test_a_compute_op_that_blocks_on_the_controller_is_named(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_on_hang_wait_reports_each_stall_once(tmp_path):
-    watchdog = Watchdog(1.0, "wait", report_path=tmp_path / "hang.txt")
+    watchdog = Watchdog(3.0, "wait", report_path=tmp_path / "hang.txt")
     executor = _executor(watchdog)
     gates = [threading.Event(), threading.Event()]
 
@@ -83,7 +83,7 @@ def test_on_hang_wait_reports_each_stall_once(tmp_path):
         for count, gate in enumerate(gates, start=1):
             while len(watchdog.reports) < count:
                 threading.Event().wait(0.05)
-            threading.Event().wait(2.5)  # the stall goes on past another timeout: it is not reported again
+            threading.Event().wait(7.0)  # the stall goes on past another timeout: it is not reported again
             gate.set()
 
     GATES[:] = list(gates)

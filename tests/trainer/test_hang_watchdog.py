@@ -63,7 +63,7 @@ def _score_pool(trainer: PPOTrainer) -> str:
 @pytest.mark.parametrize("reward_timeout_s", [None, 300.0], ids=["reward-on-main-thread", "reward-on-helper-thread"])
 def test_a_planted_hang_is_reported_and_stops_the_run(fast_config, tmp_path, reward_timeout_s):
     hang = PlantedHang()
-    trainer = _trainer(fast_config, hang, hang_timeout_s=2.0, on_hang="stop", reward_timeout_s=reward_timeout_s)
+    trainer = _trainer(fast_config, hang, hang_timeout_s=5.0, on_hang="stop", reward_timeout_s=reward_timeout_s)
     try:
         with pytest.raises(HangError, match=r"no op completed for .* in flight: op 'reward\.score' on pool") as raised:
             trainer.train()
@@ -72,7 +72,7 @@ def test_a_planted_hang_is_reported_and_stops_the_run(fast_config, tmp_path, rew
     report = (tmp_path / "run" / "hang.txt").read_text()
     watchdog = trainer.executor.watchdog
     print(f"\n--- hang.txt (reward_timeout_s={reward_timeout_s}) ---\n{report}\n"
-          f"detected {watchdog.reported_at - hang.started:.2f} s after the hang started (hang_timeout_s=2)")
+          f"detected {watchdog.reported_at - hang.started:.2f} s after the hang started (hang_timeout_s=5)")
     pool = _score_pool(trainer)
     assert str(tmp_path / "run" / "hang.txt") in str(raised.value)
     assert f"pool {pool!r} rank 0" in report
@@ -87,7 +87,7 @@ def test_a_planted_hang_is_reported_and_stops_the_run(fast_config, tmp_path, rew
 @pytest.mark.timeout(180)
 def test_on_hang_wait_reports_and_keeps_waiting(fast_config, tmp_path):
     hang = PlantedHang()
-    trainer = _trainer(fast_config, hang, hang_timeout_s=2.0, on_hang="wait", reward_timeout_s=None)
+    trainer = _trainer(fast_config, hang, hang_timeout_s=5.0, on_hang="wait", reward_timeout_s=None)
     report_file = tmp_path / "run" / "hang.txt"
 
     def release_after_the_report():
