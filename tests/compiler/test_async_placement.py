@@ -130,3 +130,14 @@ def test_simulate_prints_throughput_against_k(capsys):
     assert split_rates[0] < split_rates[1] <= split_rates[2]
     assert main(["simulate", "grpo_is", "--gpus", "8", "--staleness", "1,x"]) == 1
     assert "--staleness" in capsys.readouterr().err
+
+
+def test_compile_prints_the_async_step(tmp_path, capsys):
+    argv = ["compile", "grpo_is", "--cluster", "a100-80g:2", "--model", "actor=llama2-7b", "reward=rule",
+            "--placement", "actor@8;actor.generate@8", "-o", str(tmp_path / "plan.json")]
+    assert main(argv + ["--staleness", "2"]) == 0
+    printed = capsys.readouterr().out
+    line = next(l for l in printed.splitlines() if "asynchronous step (staleness 2)" in l)
+    assert re.search(r"generation [\d.]+ s, training [\d.]+ s, weight sync [\d.]+ s -> [\d.]+ s per step", line)
+    assert main(argv) == 0
+    assert "asynchronous step" not in capsys.readouterr().out  # on-policy: no such line
