@@ -280,17 +280,17 @@ def format_async_table(rows: Iterable[AsyncRow]) -> str:
     """One line per (model, GPUs, k): the chosen placement's predicted step, trained samples/s, ratio to the row's
     first k and the split; then the fastest split with a rollout pool of its own (samples/s and split), which is
     what a run with staleness needs (generation overlaps training only on devices of its own)."""
-    head = (f"{'model':<14}{'GPUs':>5}{'k':>4}{'step s':>9}{'samples/s':>11}{'vs first':>9}  {'chosen':<20}"
+    head = (f"{'model':<14}{'GPUs':>5}{'k':>4} {'step s':>10} {'samples/s':>10} {'vs first':>8}  {'chosen':<20}"
             f"{'split samples/s':>16}  rollout split")
     lines = [head, "-" * len(head)]
     for r in rows:
         if not r.choices:
-            lines.append(f"{r.model:<14}{r.gpus:>5}{'-':>4}{'OOM':>9}")
+            lines.append(f"{r.model:<14}{r.gpus:>5}{'-':>4} {'OOM':>10}")
             continue
         first = r.choices[0].step_s
         for c in r.choices:
             split = _best_split(c)
-            tail = f"{'-':>16}  -" if split is None else f"{samples_per_s(r.samples, split[1]):>16.2f}  {split[0]}"
-            lines.append(f"{r.model:<14}{r.gpus:>5}{c.k:>4}{c.step_s:>9.1f}{samples_per_s(r.samples, c.step_s):>11.2f}"
-                         f"{first / c.step_s:>8.2f}x  {c.best.label:<20}{tail}")
+            tail = f"{'-':>16}  -" if split is None else f"{samples_per_s(r.samples, split[1]):>16.4g}  {split[0]}"
+            lines.append(f"{r.model:<14}{r.gpus:>5}{c.k:>4} {c.step_s:>10.4g} {samples_per_s(r.samples, c.step_s):>10.4g} "
+                         f"{first / c.step_s:>7.2f}x  {c.best.label:<20}{tail}")
     return "\n".join(lines)
