@@ -149,7 +149,7 @@ def simulate_async(gen_s: Sequence[float], train_s: Sequence[float], k: int, *, 
             ready = max(ready, t1[v - 1]) + sync_s
         g0[j], g1[j] = ready, ready + gen[j]
 
-    for j in range(min(k + 1, n + k)):  # versions 0: no sync
+    for j in range(k + 1):  # generations 0..k run with version 0: no sync
         generate(j)
     for v in range(n):
         if v >= 1 and sync == "collective":
