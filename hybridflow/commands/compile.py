@@ -25,7 +25,7 @@ from ..errors import ConfigError, GraphError
 
 __all__ = ["add_arguments", "add_import_argument", "ALGO_HELP", "run", "machine_for", "add_model_arguments",
            "add_batch_arguments", "add_engine_argument", "parse_engines", "parse_models", "batch_from_args", "load_graph",
-           "summary_lines", "placement_lines"]
+           "summary_lines", "placement_lines", "async_lines"]
 
 ALGO_DEFAULTS = {"cluster": "a100-80g:1", "placement": "auto", "staleness": 0, "engine": "fsdp", "prompts": 1024,
                  "prompt_len": 1024, "response_len": 1024, "epochs": 1, "mini_batches": 4}
@@ -157,7 +157,20 @@ def summary_lines(report) -> list[str]:
     if len(report.candidates) > 1:
         tried = ", ".join(f"{label} {_seconds(seconds)}" for label, seconds in report.candidates)
         lines.append(f"  scheduled candidates: {tried}")
-    return lines + lag_lines(report.plan)
+    return lines + async_lines(report.plan) + lag_lines(report.plan)
+
+
+def async_lines(plan) -> list[str]:
+    """With staleness k >= 1, the parts of the predicted asynchronous step
+    (:func:`~hybridflow.compiler.passes.schedule.async_parts`); nothing on-policy."""
+    if not plan.staleness:
+        return []
+    from ..compiler.passes.schedule import async_parts
+
+    parts = async_parts(plan)
+    return [f"  asynchronous step (staleness {plan.staleness}): generation {_seconds(parts.gen_s)}, training "
+            f"{_seconds(parts.train_s)}, weight sync {_seconds(parts.sync_s)} -> {_seconds(plan.predicted_iteration_s)} "
+            "per step (hybridflow.compiler.async_cost)"]
 
 
 def lag_lines(plan) -> list[str]:

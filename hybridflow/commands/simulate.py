@@ -15,6 +15,13 @@ nodes (``paper``: 200 Gb/s), ``--assume FIELD=VALUE`` a cluster figure or cost
 option for a sensitivity study. Every table ends with the automatic
 placement's strong-scaling efficiency per model (HybridFlow §8.2).
 
+``--staleness 0,1,2,4`` prints instead, per model and cluster size, the predicted
+step and trained samples/s against the staleness k, with the split of the devices
+between a rollout pool and the training pools chosen per k, and the fastest split
+with a rollout pool of its own (:func:`hybridflow.compiler.simulate.async_table`;
+``--assume generation_time_cv=0.5 --assume async_weight_sync=staged`` for varying
+generation times and a staged weight sync, :mod:`hybridflow.compiler.async_cost`).
+
 Keep module-level imports light: this module is imported by ``hybridflow --help``.
 """
 from __future__ import annotations
@@ -36,13 +43,13 @@ _ALGO_FLAGS = {"actor_models": "--models (actor_model_name=...)", "models": "--m
 """The algorithm form's flags, which a run file sets in its config instead."""
 
 
-def _ints(text: str) -> list[int]:
+def _ints(text: str, flag: str = "--gpus", least: int = 1, example: str = "16,32,64") -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"--gpus {text!r}: give GPU counts separated by commas, e.g. 16,32,64") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"--gpus {text!r}: give positive GPU counts, e.g. 16,32,64")
+        raise ConfigError(f"{flag} {text!r}: give whole numbers separated by commas, e.g. {example}") from None
+    if not values or min(values) < least:
+        raise ConfigError(f"{flag} {text!r}: give numbers >= {least} separated by commas, e.g. {example}")
     return values
 
 
@@ -70,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--assume", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a cluster figure or cost option for a sensitivity study, e.g. "
                              "decode_step_overhead_s=0.004 or train_micro_batch=2 (repeatable)")
+    parser.add_argument("--staleness", default=None, metavar="K,K,...",
+                        help="print trained samples/s against these staleness values (e.g. 0,1,2,4) with the split of "
+                             "the devices between rollout and training chosen per k, instead of the placement table")
     parser.add_argument("--compare", default=None, metavar="STUDY",
                         help="print beside each cell the winner a study reports: paper (HybridFlow §8.3, Fig. 12)")
     add_batch_arguments(parser)
@@ -144,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     study = _run_file_study if is_run_file(args.algorithm) else _algorithm_study
     graph, workload, models, batch, engines, options, source = study(args)
     cluster, options = apply_settings(ClusterSpec.parse(args.cluster), options, args.settings)
+    if args.staleness is not None:
+        return _run_async(args, graph, workload, models, batch, cluster, options, source)
     rows = simulate_table(workload, models, _ints(args.gpus), cluster, options, network=args.network)
     settings = "; assuming " + ", ".join(args.settings) if args.settings else ""
     print(f"{graph.name}: {batch.prompts} prompts x {batch.prompt_len} + {batch.response_len} tokens per iteration, "
@@ -161,4 +173,19 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             if row.auto is not None:
                 print(f"{row.model} on {row.gpus} GPUs: " + row.auto.describe().split("\n", 1)[1].strip().replace("\n  ", " | "))
+    return 0
+
+
+def _run_async(args, graph, workload, models, batch, cluster, options, source) -> int:
+    """``--staleness``: the table of throughput against k (module docstring)."""
+    from ..compiler.simulate import async_table, format_async_table
+
+    ks = _ints(args.staleness, "--staleness", 0, "0,1,2,4")
+    rows = async_table(workload, models, _ints(args.gpus), cluster, options, network=args.network, staleness=ks)
+    settings = "; assuming " + ", ".join(args.settings) if args.settings else ""
+    print(f"{graph.name}: {batch.prompts} prompts x {batch.prompt_len} + {batch.response_len} tokens per step ({source}), "
+          f"nodes of {cluster.devices_per_node} {args.cluster}, network {args.network}{settings}; generation time CV "
+          f"{options.generation_time_cv}, {options.async_weight_sync} weight sync. Predicted step per staleness k "
+          "(hybridflow.compiler.async_cost); colocated: generation and training take turns on all devices")
+    print(format_async_table(rows))
     return 0

@@ -11,6 +11,9 @@ Main entry points (each module's docstring has the formulas and sources):
   :func:`manual_placement`, :func:`placement_from_device_map` (:mod:`.placement`);
 - :func:`hybrid_engine_groups`, :func:`hybrid_engine_figures`, :func:`cross_pool_sync` (:mod:`.reshard`);
 - :func:`simulate_table` (:mod:`.simulate`);
+- :func:`predict_async` and :func:`samples_per_s` (:mod:`.async_cost`): the step of asynchronous RL
+  with staleness k from generation, training and weight-sync times; :func:`choose_split`
+  (:mod:`.async_placement`): the rollout/training split of the devices per k;
 - the passes (:mod:`.passes`: lower, placement, reuse, reshard, offload, schedule) and
   ``compile(graph, cluster, models, placement=..., staleness=...)`` in
   :mod:`.compile` (also ``hybridflow.compile``); it is not re-exported here, so
@@ -21,6 +24,8 @@ Main entry points (each module's docstring has the formulas and sources):
   runtime executes and binds it in one call; a run's plan is compiled through it from the run spec
   (:mod:`hybridflow.trainer.run_spec`).
 """
+from .async_cost import predict_async, samples_per_s
+from .async_placement import choose_split
 from .cluster import ClusterSpec
 from .cost import COST_RULES, CostOptions, CostRecord, estimate
 from .layout import Layout
@@ -36,5 +41,6 @@ __all__ = [
     "GenerationWork", "RoleWork", "Workload", "ppo_workload", "grpo_workload", "paper_workload",
     "Placement", "Pool", "PoolSpec", "RolePlacement", "evaluate", "search", "place", "manual_placement",
     "placement_from_device_map", "hybrid_engine_groups", "hybrid_engine_figures", "cross_pool_sync", "simulate_table",
+    "predict_async", "samples_per_s", "choose_split",
     "Machine", "BindError", "local_machine", "ray_machine", "bind", "compile_for",
 ]

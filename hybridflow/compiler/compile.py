@@ -31,6 +31,7 @@ from typing import Any, Mapping, Protocol
 
 from ..errors import PlacementError, PlanError
 from ..graph import Graph
+from .async_placement import rollout_carve_outs
 from .cluster import ClusterSpec
 from .cost import CostOptions
 from .models import ModelSpec
@@ -123,20 +124,12 @@ def _auto_candidates(ctx: CompileContext) -> tuple[list[tuple[str, ResolvedPlace
     return [(label, ResolvedPlacement(sp.placement, None, "auto", result.seconds)) for label, sp in found], result, result.seconds
 
 
-def _rollout_carve_outs(cluster: ClusterSpec) -> list[tuple[int, ClusterSpec]]:
-    """(rollout devices, cluster left for the other roles): whole nodes on multi-node clusters, else devices of the one node."""
-    if cluster.nodes > 1:
-        return [(k * cluster.devices_per_node, cluster.with_nodes(cluster.nodes - k)) for k in range(1, cluster.nodes)]
-    node = cluster.devices_per_node
-    return [(k, cluster.model_copy(update={"devices_per_node": node - k})) for k in range(1, node)]
-
-
 def _stale_candidates(ctx: CompileContext, strategy: str) -> tuple[list[tuple[str, ResolvedPlacement]], SearchResult | None, float]:
     """Placements for ``staleness > 0``: the rollout on devices of its own, the other roles placed by ``strategy``
     on the rest (``split`` falls back to colocating them when it does not apply to them, e.g. GRPO's actor and ref)."""
     generating = [r.name for r in ctx.workload.roles if r.generates]
     found, last, spent = [], None, 0.0
-    for rollout_devices, rest in _rollout_carve_outs(ctx.cluster) if generating else ():
+    for rollout_devices, rest in rollout_carve_outs(ctx.cluster) if generating else ():
         workload = without_generation(ctx.workload)
         try:
             if strategy == "auto":

@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -109,6 +109,8 @@ class CostOptions(BaseModel):
     real_seq_len: float | None = Field(default=None, gt=0, description="Mean real tokens per sequence (prompt + response, no padding) in the train engine's forwards (log-probs, values, update) when it packs sequences or forms micro-batches by a token budget: their compute, communication and activations are priced at this length, never above the padded prompt_len + response_len. Reward-model scores keep the padded width. None: the padded width.")
     tool_call_s: float = Field(default=0.0, ge=0, description="Multi-turn rollouts (generate nodes with env=): expected seconds of one environment step (a tool call). Samples step concurrently on the role's environment pool (env_workers workers x ENV_WORKER_THREADS calls at once), so a turn after the first waits for one step per round of that many samples.")
     env_workers: int = Field(default=2, ge=1, description="Multi-turn rollouts: environment worker processes in each generating role's environment pool (the plan's ``env`` pool); each holds whole samples' environments and steps them concurrently on threads.")
+    generation_time_cv: float = Field(default=0.0, ge=0, description="Staleness k >= 1: coefficient of variation (std / mean) of one step's generation time, which varies with the sampled response lengths; the predicted step comes from a simulation of the bounded buffer (hybridflow.compiler.async_cost), where a larger k absorbs more of the variation. 0: every step's generation takes its predicted time.")
+    async_weight_sync: Literal["collective", "staged"] = Field(default="collective", description="Staleness k >= 1: how a new policy version reaches a rollout pool of its own. 'collective' (what the runtime does): one collective of both pools after each update, so training waits for the generation in progress and the pools move in lock step; 'staged': the update leaves its weights in a staging buffer and the rollout pool loads them before its next generation (the bounded-buffer pipeline). See hybridflow.compiler.async_cost.")
     overlap_grad_reduce: bool = Field(default=True, description="megatron engine: the gradient reduce-scatter overlaps the last micro-batch's backward (Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce, whose own default is False); False: it is wholly exposed. The fsdp engine ignores it.")
 
 

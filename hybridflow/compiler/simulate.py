@@ -5,6 +5,14 @@ size and returns one :class:`SimulationRow` per pair; :func:`format_table`
 prints them, each cell with its winner and margin, and — with ``compare`` —
 the winner a paper reports for that cell (:data:`REPORTED_WINNERS`).
 ``hybridflow simulate`` wires this to the command line.
+
+With staleness (``simulate --staleness 0,1,2,4``), :func:`async_table` instead
+prices, per model and cluster size, the colocated placement and every split of
+the devices between a rollout pool and the training pools
+(:func:`~hybridflow.compiler.async_placement.split_costs`), chooses the split per
+``k`` by the predicted asynchronous step
+(:func:`~hybridflow.compiler.async_placement.choose_split`), and
+:func:`format_async_table` prints trained samples per second against ``k``.
 """
 from __future__ import annotations
 
@@ -15,13 +23,15 @@ from typing import Callable, Iterable, Sequence
 from pydantic import ValidationError
 
 from ..errors import ConfigError, PlacementError
+from .async_placement import SplitChoice, choose_split, split_costs
+from .async_cost import samples_per_s
 from .cluster import ClusterSpec
 from .cost import CostOptions
 from .models import ModelSpec
 from .placement import FIXED_STRATEGIES, Placement, search
 from .workload import Workload, paper_workload
 
-__all__ = ["SimulationRow", "REPORTED_WINNERS", "ScalingFigure", "simulate_table", "format_table", "agreement",
+__all__ = ["AsyncRow", "async_table", "format_async_table", "SimulationRow", "REPORTED_WINNERS", "ScalingFigure", "simulate_table", "format_table", "agreement",
            "strong_scaling", "format_scaling", "apply_settings"]
 
 REPORTED_WINNERS: dict[str, dict[tuple[str, int], str]] = {
@@ -220,4 +230,67 @@ def format_table(rows: Iterable[SimulationRow], with_placement: bool = True, com
         if with_placement and r.auto is not None:
             plan = " | ".join(f"{'+'.join(g)}@{p.size}{'*' if off else ''}" for g, p, off in zip(r.auto.groups, r.auto.pools, r.auto.offload))
         lines.append(f"{r.model:<14}{r.gpus:>5} {cells}  {winner:<11}{_margin(r):>7} {theirs}{r.search_s:>9.2f}  {plan}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class AsyncRow:
+    """One (model, cluster size) with staleness: the split chosen per k (empty when nothing fits)."""
+
+    model: str
+    gpus: int
+    samples: int
+    """Trained samples (sequences) per step."""
+    choices: tuple[SplitChoice, ...]
+
+
+def async_table(workload_factory: Callable[[ModelSpec | str], Workload] = paper_workload,
+                models: Iterable[str | ModelSpec] = ("llama2-7b",), gpus: Iterable[int] = (16, 32),
+                cluster: str | ClusterSpec = "a100-80g", options: CostOptions | None = None, network: str = "default",
+                staleness: Sequence[int] = (0, 1, 2, 4)) -> tuple[AsyncRow, ...]:
+    """Per model and GPU count, the split of the devices chosen for each staleness k and its predicted step, with
+    ``options.generation_time_cv`` and ``options.async_weight_sync`` (:mod:`hybridflow.compiler.async_cost`)."""
+    options = options or CostOptions()
+    if not staleness or min(staleness) < 0:
+        raise ConfigError(f"--staleness {list(staleness)}: give staleness values >= 0, e.g. 0,1,2,4")
+    base = (ClusterSpec.parse(cluster) if isinstance(cluster, str) else cluster).with_network(network)
+    rows = []
+    for model in models:
+        spec = ModelSpec.preset(model) if isinstance(model, str) else model
+        workload = workload_factory(spec)
+        for count in gpus:
+            costs = split_costs(workload, _cluster_for(base, count), options)
+            choices = () if not costs else tuple(
+                choose_split(costs, k, gen_cv=options.generation_time_cv, sync=options.async_weight_sync) for k in staleness)
+            rows.append(AsyncRow(spec.name, count, workload.generation.sequences,
+                                 tuple(c for c in choices if math.isfinite(c.step_s))))
+    return tuple(rows)
+
+
+def _best_split(choice: SplitChoice) -> tuple[str, float] | None:
+    """(label, step) of the fastest split with a rollout pool of its own, None if none fits."""
+    split = [(c, t) for c, t in choice.steps if c.rollout_devices and math.isfinite(t)]
+    if not split:
+        return None
+    cost, step = min(split, key=lambda ct: ct[1])
+    return cost.label, step
+
+
+def format_async_table(rows: Iterable[AsyncRow]) -> str:
+    """One line per (model, GPUs, k): the chosen placement's predicted step, trained samples/s, ratio to the row's
+    first k and the split; then the fastest split with a rollout pool of its own (samples/s and split), which is
+    what a run with staleness needs (generation overlaps training only on devices of its own)."""
+    head = (f"{'model':<14}{'GPUs':>5}{'k':>4} {'step s':>10} {'samples/s':>10} {'vs first':>8}  {'chosen':<20}"
+            f"{'split samples/s':>16}  rollout split")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if not r.choices:
+            lines.append(f"{r.model:<14}{r.gpus:>5}{'-':>4} {'OOM':>10}")
+            continue
+        first = r.choices[0].step_s
+        for c in r.choices:
+            split = _best_split(c)
+            tail = f"{'-':>16}  -" if split is None else f"{samples_per_s(r.samples, split[1]):>16.4g}  {split[0]}"
+            lines.append(f"{r.model:<14}{r.gpus:>5}{c.k:>4} {c.step_s:>10.4g} {samples_per_s(r.samples, c.step_s):>10.4g} "
+                         f"{first / c.step_s:>7.2f}x  {c.best.label:<20}{tail}")
     return "\n".join(lines)

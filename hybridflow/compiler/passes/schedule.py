@@ -22,20 +22,33 @@ importance sampling, ``truncated_is_weight`` + ``ppo_clip_is``, or another
 correction the op registry declares); the pass raises
 :class:`~hybridflow.errors.StalenessError` when it is not, and only warns when
 the context allows it (``allow_uncorrected_staleness``).
+
+**Predicted step with staleness** ``k >= 1``: the timeline above is one step of
+the pipeline with every time at its prediction; :func:`async_parts` reads from it
+the generation ``G`` (the rollout pool's ops after the weight sync), the sync
+``S`` and the training side ``T`` (the other ops' makespan less the sync), and
+``predicted_iteration_s`` is :func:`~hybridflow.compiler.async_cost.predict_async`
+of them with the cost options' ``generation_time_cv`` and ``async_weight_sync``.
+With constant generation times and the collective sync that is ``S + max(G, T)``,
+the makespan itself, for every ``k >= 1``; with varying generation times a larger
+``k`` absorbs more of the variation when the sync is staged (see that module).
 """
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 from ...errors import PlanError, StalenessError
 from ...graph.staleness import check_staleness, lagged_edges
+from ..async_cost import predict_async
+from ..cost import CostOptions
 from ..plan import ExecutionPlan, PlanOp
 from .context import CompileContext
 from .order import priority_order
 from .timing import PlanView, op_cost
 
-__all__ = ["schedule", "overlap_generation", "CONTROLLER_RESOURCE"]
+__all__ = ["schedule", "overlap_generation", "AsyncParts", "async_parts", "async_step_s", "CONTROLLER_RESOURCE"]
 
 CONTROLLER_RESOURCE = "controller"
 
@@ -91,6 +104,37 @@ def overlap_generation(plan: ExecutionPlan, k: int, allow_uncorrected: bool = Fa
     return plan.model_copy(update={"ops": tuple(ops), "staleness": k})
 
 
+@dataclass(frozen=True)
+class AsyncParts:
+    """One step of a scheduled plan with staleness, as the asynchronous model sees it (seconds)."""
+
+    gen_s: float
+    """The rollout pool's generation after its weight sync."""
+    train_s: float
+    """Every op of the step that reads the rollout (training side), less the weight sync it starts behind."""
+    sync_s: float
+    """The weight syncs to the rollout pool."""
+
+
+def async_parts(plan: ExecutionPlan) -> AsyncParts:
+    """Generation, training and sync times of a scheduled plan with staleness (module docstring); PlanError for a
+    plan without staleness or not yet scheduled."""
+    if not plan.staleness or any(op.predicted_end_s is None for op in plan.ops):
+        raise PlanError("async_parts needs a scheduled plan with staleness >= 1 (compile it with staleness=k)")
+    ahead = [op for op in plan.ops if op.iteration_offset > 0]
+    sync = sum(op.predicted_end_s - op.predicted_start_s for op in ahead if op.kind == "weight_sync")
+    gen = max((op.predicted_end_s for op in ahead), default=0.0) - sync
+    rest = max((op.predicted_end_s for op in plan.ops if op.iteration_offset == 0), default=0.0)
+    return AsyncParts(gen_s=max(gen, 0.0), train_s=max(rest - sync, 0.0), sync_s=sync)
+
+
+def async_step_s(plan: ExecutionPlan, options: CostOptions) -> float:
+    """Predicted seconds per step of a scheduled plan with staleness ``plan.staleness`` (module docstring)."""
+    parts = async_parts(plan)
+    return predict_async(parts.gen_s, parts.train_s, plan.staleness, sync_s=parts.sync_s,
+                         gen_cv=options.generation_time_cv, sync=options.async_weight_sync)
+
+
 def _resources(op: PlanOp) -> tuple[str, ...]:
     if op.pool is None:
         return (CONTROLLER_RESOURCE,)
@@ -105,8 +149,8 @@ def schedule(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
     ``peak_memory_bytes`` (pool devices only), ops sorted by start (deps
     first), no two ops overlapping on a pool, every role's ``memory_bytes`` =
     the largest peak of its ops on its own pool (a rollout pool's peak is on
-    its generate ops); ``predicted_iteration_s`` the makespan; with
-    ``ctx.staleness > 0`` generation moved to iteration i+k (module docstring).
+    its generate ops); ``predicted_iteration_s`` the makespan, or with
+    ``ctx.staleness > 0`` (generation moved to iteration i+k) the asynchronous step (module docstring).
     """
     if ctx.staleness:
         plan = overlap_generation(plan, ctx.staleness, ctx.allow_uncorrected_staleness)
@@ -134,5 +178,8 @@ def schedule(plan: ExecutionPlan, ctx: CompileContext) -> ExecutionPlan:
         if op.peak_memory_bytes is not None and op.pool == home.get(op.role):
             peaks[op.role] = max(peaks.get(op.role, 0), op.peak_memory_bytes)
     placements = tuple(p.model_copy(update={"memory_bytes": peaks.get(p.role)}) for p in plan.placements)
-    return plan.model_copy(update={"ops": ops, "placements": placements,
-                                   "predicted_iteration_s": max(ends.values(), default=0.0)})
+    scheduled = plan.model_copy(update={"ops": ops, "placements": placements,
+                                        "predicted_iteration_s": max(ends.values(), default=0.0)})
+    if not plan.staleness:
+        return scheduled
+    return scheduled.model_copy(update={"predicted_iteration_s": async_step_s(scheduled, ctx.options)})
