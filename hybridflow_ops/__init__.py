@@ -15,9 +15,14 @@ from .advantages import (
 from .losses import (
     aggregate_loss, cispo, clip_cov, dro, dppo_kl, dppo_tv, entropy_bonus, entropy_from_logits, gmpo, gpg, gspo, kl_cov,
     kl_loss, nll, ppo_clip, ppo_clip_is, reinforce, sapo, truncated_is_weight, value_clip,
+    IS_WEIGHTED_LOSSES, cispo_is, clip_cov_is, dppo_kl_is, dppo_tv_is, dro_is, gmpo_is, gpg_is, gspo_is, kl_cov_is,
+    reinforce_is, sapo_is,
 )
 from .rollout import old_log_probs_from_rollout
-from .rollout_correction import icepop_is_weight, normalize_is_weight, sequence_is_weight, sequence_rejection_mask
+from .rollout_correction import (
+    decoupled_is_weight, icepop_is_weight, normalize_is_weight, sequence_is_weight, sequence_rejection_mask,
+)
+from .rollout_rejection import chained_rejection_mask, kl_rejection_mask
 from .logprob import TokenLogProbs, token_logprobs_from_hidden, token_logprobs_from_logits
 
 __all__ = [
@@ -29,7 +34,10 @@ __all__ = [
     "uniform_group_filter",
     "aggregate_loss", "entropy_bonus", "entropy_from_logits", "gspo", "kl_loss", "nll", "ppo_clip", "ppo_clip_is",
     "truncated_is_weight", "value_clip", "old_log_probs_from_rollout",
-    "icepop_is_weight", "normalize_is_weight", "sequence_is_weight", "sequence_rejection_mask",
+    "icepop_is_weight", "normalize_is_weight", "sequence_is_weight", "sequence_rejection_mask", "decoupled_is_weight",
+    "kl_rejection_mask", "chained_rejection_mask",
+    "IS_WEIGHTED_LOSSES", "cispo_is", "clip_cov_is", "dppo_kl_is", "dppo_tv_is", "dro_is", "gmpo_is", "gpg_is", "gspo_is",
+    "kl_cov_is", "reinforce_is", "sapo_is",
     "cispo", "clip_cov", "dro", "dppo_kl", "dppo_tv", "gmpo", "gpg", "kl_cov", "reinforce", "sapo",
     "TokenLogProbs", "token_logprobs_from_hidden", "token_logprobs_from_logits",
 ]

@@ -8,7 +8,9 @@ records which *fields* it reads and writes, each with a dtype and symbolic dims
 An op's positional parameters correspond, in order, to ``model_inputs`` (fields
 the model under training produces inside an update: ``log_probs``,
 ``value_preds``, ``entropy``) followed by ``inputs`` (fields read from graph
-values). Its keyword-only parameters are its hyper-parameters (``attrs``). Its
+values). Trailing positional parameters that default to ``None`` are optional tensors:
+one function may be registered twice, once without them and once (under another name)
+declaring them, e.g. ``gspo`` and ``gspo_is`` (:mod:`hybridflow_ops.losses.is_weighted`). Its keyword-only parameters are its hyper-parameters (``attrs``). Its
 result is a named tuple whose first ``len(outputs)`` entries are the outputs in
 order; loss ops return ``loss`` first and may add scalar metrics after it.
 
@@ -111,6 +113,14 @@ class OpSpec:
     rollout_input: str | None = None
     """Corrections: the input that must be the behaviour policy's log-probs, read from the rollout node
     that sampled the responses (``rollout_log_probs``)."""
+    behaviour_output: str | None = None
+    """Compute corrections whose output *is* the behaviour policy's log-probs (``old_log_probs_from_rollout``):
+    they correct nothing by themselves, only through a loss whose importance ratio is taken against that
+    value (its :attr:`ratio_input`); :mod:`hybridflow.graph.staleness` checks the pairing."""
+    ratio_input: str | None = None
+    """Policy-gradient losses: the input ``x`` of the ratio ``pi_theta / pi_x`` that weights the gradient
+    (``old_log_probs`` for PPO, GSPO, GMPO, CISPO, ...). When ``x`` holds the behaviour policy's log-probs
+    the ratio is itself the importance weight of the sampled tokens (verl's "bypass mode")."""
 
     @property
     def policy_gradient(self) -> bool:
@@ -136,11 +146,14 @@ _REGISTRY: dict[str, OpSpec] = {}
 def _keyword_attrs(fn: Callable, n_positional: int, name: str) -> tuple[tuple[str, ...], tuple[tuple[str, object], ...]]:
     sig = inspect.signature(fn)
     positional = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) != n_positional:
+    required = [p for p in positional if p.default is p.empty]
+    optional_ok = all(p.default is None for p in positional[len(required):]) and positional[:len(required)] == required
+    if not (len(required) <= n_positional <= len(positional)) or not optional_ok:
         raise OpRegistryError(
             f"op {name!r}: the function takes {len(positional)} positional tensors "
             f"({', '.join(p.name for p in positional)}) but {n_positional} fields were declared; "
-            "declare one field per positional parameter, in order (model_inputs first)"
+            "declare one field per positional parameter, in order (model_inputs first); trailing positional "
+            "tensors that default to None may be left undeclared (the op is then called without them)"
         )
     kw = [p for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY]
     defaults = tuple((p.name, p.default) for p in kw if p.default is not p.empty)
@@ -181,13 +194,17 @@ def register_op(
     finite: bool | tuple[str, ...] = True,
     correction: str | None = None,
     rollout_input: str | None = None,
+    behaviour_output: str | None = None,
+    ratio_input: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn`` under ``name`` with its typed fields.
 
     ``finite`` says which outputs must hold only finite values: True (the default) every
     floating-point output, False none, or a tuple of output names.
     ``correction`` marks an off-policy correction (a one-line description) and ``rollout_input`` names the
-    input that must be the rollout's own log-probs (see :attr:`OpSpec.correction`). A name already taken is an
+    input that must be the rollout's own log-probs (see :attr:`OpSpec.correction`).
+    ``behaviour_output`` and ``ratio_input`` pair a correction that passes the behaviour log-probs through
+    with the losses whose ratio reads them (see :attr:`OpSpec.behaviour_output`). A name already taken is an
     OpRegistryError unless ``replace``, or unless it is the same function of the same module
     registering again (a reloaded module replaces its own ops).
 
@@ -209,6 +226,13 @@ def register_op(
         raise OpRegistryError(f"op {name!r}: rollout_input={rollout_input!r} must name one of its inputs "
                               f"({', '.join(f.name for f in in_specs)}) and come with correction='...'")
 
+    if behaviour_output is not None and (correction is None or behaviour_output not in {f.name for f in out_specs}):
+        raise OpRegistryError(f"op {name!r}: behaviour_output={behaviour_output!r} must name one of its outputs "
+                              f"({', '.join(f.name for f in out_specs)}) and come with correction='...'")
+    if ratio_input is not None and (kind != "loss" or ratio_input not in {f.name for f in in_specs}):
+        raise OpRegistryError(f"op {name!r}: ratio_input={ratio_input!r} must name one of the inputs of a loss op "
+                              f"({', '.join(f.name for f in in_specs)})")
+
     def decorate(fn: Callable) -> Callable:
         if name in _REGISTRY and not replace and not _same_definition(_REGISTRY[name].fn, fn):
             raise OpRegistryError(f"op {name!r} is already registered (by {_REGISTRY[name].fn.__module__}); pick another name or pass replace=True")
@@ -220,7 +244,8 @@ def register_op(
             name=name, fn=fn, kind=kind, inputs=in_specs, outputs=out_specs,
             model_inputs=model_specs, attrs=attrs, attr_defaults=defaults,
             doc=inspect.getdoc(fn) or "", vanishes_with=vanishes_with, finite_outputs=finite_outputs,
-            correction=correction, rollout_input=rollout_input,
+            correction=correction, rollout_input=rollout_input, behaviour_output=behaviour_output,
+            ratio_input=ratio_input,
         )
         return fn
 

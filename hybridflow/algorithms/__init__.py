@@ -17,6 +17,7 @@ from .dapo import dapo
 from .gmpo import gmpo
 from .gpg import gpg
 from .grpo import grpo
+from .grpo_decoupled import grpo_decoupled
 from .grpo_is import grpo_is
 from .gspo import gspo
 from .kl_cov import kl_cov
@@ -29,7 +30,7 @@ from .resolve import FixedGraph, import_modules, resolve_algorithm
 from .rloo import rloo
 from .safe_rlhf import safe_rlhf
 
-__all__ = ["ALGORITHMS", "get_algorithm", "resolve_algorithm", "import_modules", "FixedGraph", "ppo", "grpo", "grpo_is", "rloo", "reinforce_pp", "remax", "safe_rlhf",
+__all__ = ["ALGORITHMS", "get_algorithm", "resolve_algorithm", "import_modules", "FixedGraph", "ppo", "grpo", "grpo_is", "grpo_decoupled", "rloo", "reinforce_pp", "remax", "safe_rlhf",
            "dapo", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov", "opo", "gpg", "passk", "agent_grpo",
            "PPOTrainer", "GRPOTrainer", "RLOOTrainer", "ReinforcePPTrainer", "ReMaxTrainer", "SafeRLHFTrainer"]
 
@@ -45,7 +46,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hybridflow.algorithms' has no attribute {name!r}")
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "ppo": ppo, "grpo": grpo, "grpo_is": grpo_is, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
+    "ppo": ppo, "grpo": grpo, "grpo_is": grpo_is, "grpo_decoupled": grpo_decoupled, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax, "safe_rlhf": safe_rlhf,
     "dapo": dapo, "gspo": gspo, "cispo": cispo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "opo": opo,
     "gpg": gpg, "passk": passk, "agent_grpo": agent_grpo,
 }

@@ -22,7 +22,13 @@ rollout read by a generation-side node) have lag 0. With k > 1 or per-node offse
    trained policy with something that is not the behaviour policy;
 2. a policy-gradient loss (:attr:`~hybridflow_ops.registry.OpSpec.policy_gradient`) whose update reads a
    lagged edge must read, for its loss, a value computed by a compute correction (truncated IS weights, a
-   rejection mask, ...).
+   rejection mask, ...), or take its importance ratio against the behaviour policy itself: every policy-
+   gradient term declares a ``ratio_input`` (``old_log_probs`` of PPO, GSPO, CISPO, ...) and reads it straight
+   from a correction whose ``behaviour_output`` it is (``old_log_probs_from_rollout``: GRPO with
+   ``recompute_old_log_probs=False``). The ratio ``pi_theta / mu`` is then the importance weight of the
+   sampled tokens, clipped by the loss (verl's "bypass mode"); a loss without such a ratio (``reinforce``,
+   ``gpg``, ``dro``) is not corrected by it, and a behaviour-log-probs op reached any other way (e.g. through
+   the advantages) counts for nothing.
 
 Both raise :class:`~hybridflow.errors.StalenessError` naming the node, the edge and its lag, and the
 corrections the registry holds. Corrections are declared in the op registry, never recognised by name here.
@@ -143,10 +149,23 @@ def _corrected(graph: Graph, update: Node, read: set[str]) -> bool:
             continue
         seen.add(name)
         spec = _spec(node.op) if node.kind == "compute" else None
-        if spec is not None and spec.correction:
+        if spec is not None and spec.correction and spec.behaviour_output is None:
             return True
         todo.extend(node.sources)
     return False
+
+
+def _ratio_against_behaviour(graph: Graph, update: Node, pg: list[OpSpec]) -> bool:
+    """Whether every policy-gradient term takes its ratio against the behaviour log-probs (check 2, second case)."""
+    by_name = {n.name: n for n in graph.nodes}
+
+    def behaviour(input_name: str) -> bool:
+        item = next((i for i in update.inputs if i.name == input_name), None)
+        node = by_name.get(item.source) if item is not None else None
+        spec = _spec(node.op) if node is not None and node.kind == "compute" else None
+        return spec is not None and spec.behaviour_output == item.field
+
+    return bool(pg) and all(s.ratio_input is not None and behaviour(s.ratio_input) for s in pg)
 
 
 def check_staleness(graph: Graph, staleness: int = 0, offsets: Mapping[str, int] | None = None) -> dict[Edge, int]:
@@ -156,11 +175,12 @@ def check_staleness(graph: Graph, staleness: int = 0, offsets: Mapping[str, int]
     check_rollout_inputs(graph)
     lags = edge_lags(graph, staleness, offsets)
     for update in (n for n in graph.nodes if n.kind == "update"):
-        pg = [t.op for t in update.attrs.terms if (s := _spec(t.op)) is not None and s.policy_gradient]
+        pg_specs = [s for t in update.attrs.terms if (s := _spec(t.op)) is not None and s.policy_gradient]
+        pg = [s.name for s in pg_specs]
         read = _loss_inputs(graph, update)
         late = sorted(((lag, e) for e, lag in lags.items() if e.consumer == update.name and e.name in read and lag),
                       key=lambda le: (-le[0], le[1].name != "advantages", str(le[1])))
-        if not pg or not late or _corrected(graph, update, read):
+        if not pg or not late or _corrected(graph, update, read) or _ratio_against_behaviour(graph, update, pg_specs):
             continue
         lag, edge = late[0]
         others = ", ".join(f"{e} (lag {n})" for n, e in late[1:])
@@ -169,8 +189,10 @@ def check_staleness(graph: Graph, staleness: int = 0, offsets: Mapping[str, int]
             f"{lag} update(s) older than the ones it trains)" + (f"; also {others}" if others else "") +
             ", and no off-policy correction reaches the loss. Corrections available: " + corrections_available(),
             node=update.name, field=edge.name, lag=lag,
-            hint="add hf.compute('truncated_is_weight', old_logp, rollout) and use loss 'ppo_clip_is' (algorithm "
-                 "grpo_is does), or use staleness 0, or accept the biased gradient knowingly "
+            hint="add hf.compute('truncated_is_weight', old_logp, rollout) and use the loss's '_is' op ('ppo_clip_is', "
+                 "'gspo_is', ...; algorithm grpo_is does), or take PPO's old log-probs from the rollout "
+                 "(old_log_probs_from_rollout; grpo with recompute_old_log_probs=false), or use staleness 0, or "
+                 "accept the biased gradient knowingly "
                  "(config allow_uncorrected_staleness: true; hybridflow compile --allow-uncorrected-staleness; "
                  "compile(..., allow_uncorrected_staleness=True))")
     return lags

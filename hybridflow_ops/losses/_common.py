@@ -5,7 +5,7 @@ import torch
 
 from ..masked import masked_mean
 
-__all__ = ["check_loss_inputs", "select_valid", "token_metric", "clamped_exp", "LOG_RATIO_CLAMP"]
+__all__ = ["check_loss_inputs", "select_valid", "token_metric", "clamped_exp", "weigh_tokens", "LOG_RATIO_CLAMP"]
 
 # Log-ratios are clamped before exp so that one token cannot overflow the loss (as verl does).
 LOG_RATIO_CLAMP = 20.0
@@ -44,3 +44,15 @@ def token_metric(values: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype |
 def clamped_exp(log_ratio: torch.Tensor) -> torch.Tensor:
     """``exp(clamp(log_ratio, -20, 20))``."""
     return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+
+
+def weigh_tokens(loss_mat: torch.Tensor, is_weights: torch.Tensor | None, valid: torch.Tensor) -> torch.Tensor:
+    """``loss_mat * sg[is_weights]`` on valid tokens (0 at padding); ``loss_mat`` itself when ``is_weights`` is None.
+
+    Shapes: loss_mat, is_weights, valid ``(b, r)``. The weights are detached: an importance weight changes
+    the measure the loss is averaged under, not the objective (Yao et al. 2025)."""
+    if is_weights is None:
+        return loss_mat
+    if is_weights.shape != valid.shape:
+        raise ValueError(f"is_weights of shape {tuple(is_weights.shape)} must match response_mask of shape {tuple(valid.shape)}")
+    return loss_mat * select_valid(is_weights.detach(), valid)

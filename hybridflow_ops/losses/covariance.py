@@ -22,7 +22,7 @@ import torch
 
 from ..masked import masked_mean
 from ..registry import register_op
-from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric
+from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric, weigh_tokens
 from .aggregate import aggregate_loss
 
 __all__ = ["ClipCovLoss", "KLCovLoss", "clip_cov", "kl_cov", "token_covariance"]
@@ -58,12 +58,13 @@ def _selection_count(ratio: float, valid: torch.Tensor) -> int:
     return max(int(ratio * int(valid.sum().item())), 1)
 
 
-@register_op("clip_cov", model_inputs=("log_probs: float32[B, R]",), inputs=_INPUTS, outputs=("loss: float32",), kind="loss")
+@register_op("clip_cov", model_inputs=("log_probs: float32[B, R]",), inputs=_INPUTS, outputs=("loss: float32",), kind="loss", ratio_input="old_log_probs")
 def clip_cov(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
@@ -95,6 +96,8 @@ def clip_cov(
     states), which changes the logged loss, not the update.
     Metrics: ``cov_clipfrac`` (fraction of valid tokens detached), ``pg_clipfrac``,
     ``ppo_kl``. Not row-separable: see the module docstring.
+    ``is_weights`` (op ``clip_cov_is``): each token's loss is multiplied by ``sg[w_t]`` after the
+    selection (verl's ``clip_cov`` loss with ``rollout_is_weights``); the covariance is not weighted.
     Reference: Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models", arXiv 2505.22617 (Clip-Cov).
     """
@@ -118,7 +121,7 @@ def clip_cov(
         keys = torch.rand(flat.numel(), generator=torch.Generator().manual_seed(seed))
         picked = flat[keys.topk(n).indices.to(flat.device)]
         chosen = chosen.flatten().index_fill(0, picked, True).view_as(candidates)
-    loss_mat = torch.where(chosen, loss_mat.detach(), loss_mat)
+    loss_mat = weigh_tokens(torch.where(chosen, loss_mat.detach(), loss_mat), is_weights, valid)
     return ClipCovLoss(
         loss=aggregate_loss(
             loss_mat, response_mask, mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
@@ -129,12 +132,13 @@ def clip_cov(
     )
 
 
-@register_op("kl_cov", model_inputs=("log_probs: float32[B, R]",), inputs=_INPUTS, outputs=("loss: float32",), kind="loss")
+@register_op("kl_cov", model_inputs=("log_probs: float32[B, R]",), inputs=_INPUTS, outputs=("loss: float32",), kind="loss", ratio_input="old_log_probs")
 def kl_cov(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     kl_cov_ratio: float = 2e-3,
     kl_coef: float = 1.0,
@@ -158,6 +162,8 @@ def kl_cov(
     zero-advantage row can be selected (its covariance is ``-mean(A) (logp - mean logp)``)
     and gets a gradient from ``|log r_t|``, so this loss declares no ``vanishes_with``.
     Metrics: ``cov_klfrac`` (fraction of valid tokens penalised), ``ppo_kl``.
+    ``is_weights`` (op ``kl_cov_is``): each token's loss, penalty included, is multiplied by ``sg[w_t]``
+    (verl's ``kl_cov`` loss with ``rollout_is_weights``).
     Reference: Cui et al. 2025, arXiv 2505.22617 (KL-Cov).
     """
     if not 0.0 < kl_cov_ratio <= 1.0:
@@ -171,7 +177,7 @@ def kl_cov(
         cov = token_covariance(log_probs, advantages, valid).flatten()[positions]
         top = positions[cov.topk(_selection_count(kl_cov_ratio, valid)).indices]
         chosen = chosen.flatten().index_fill(0, top, True).view_as(valid)
-    loss_mat = loss_mat + kl_coef * torch.where(chosen, log_ratio.abs(), torch.zeros_like(log_ratio))
+    loss_mat = weigh_tokens(loss_mat + kl_coef * torch.where(chosen, log_ratio.abs(), torch.zeros_like(log_ratio)), is_weights, valid)
     return KLCovLoss(
         loss=aggregate_loss(
             loss_mat, response_mask, mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,

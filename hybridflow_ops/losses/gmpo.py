@@ -11,6 +11,9 @@ from .aggregate import aggregate_loss
 
 __all__ = ["GMPOLoss", "gmpo"]
 
+# Added to an IS weight before its log, so that a token a correction zeroed (IcePop, rejection) stays finite.
+_ZERO_WEIGHT = 1e-10
+
 
 class GMPOLoss(NamedTuple):
     loss: torch.Tensor
@@ -21,13 +24,14 @@ class GMPOLoss(NamedTuple):
 @register_op(
     "gmpo", model_inputs=("log_probs: float32[B, R]",),
     inputs=("old_log_probs: float32[B, R]", "advantages: float32[B, R]", "response_mask: float32[B, R]"),
-    outputs=("loss: float32",), kind="loss", vanishes_with="advantages",
+    outputs=("loss: float32",), kind="loss", vanishes_with="advantages", ratio_input="old_log_probs",
 )
 def gmpo(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     clip_low: float = 0.4,
     clip_high: float = 0.4,
@@ -56,6 +60,10 @@ def gmpo(
     weight sequences by their length. ``sgn(A_i)`` is that of the sequence advantage.
     Metrics: ``pg_clipfrac`` (fraction of valid tokens whose log-ratio was held at a bound),
     ``ppo_kl`` (mean of ``old_log_probs - log_probs``).
+    ``is_weights`` (op ``gmpo_is``): the weights enter GMPO's geometric mean like the ratios do,
+    ``L_i <- L_i * exp( mean_{t valid} log(w_i,t + 1e-10) )``, since ``prod_t (r_t w_t)^(1/|o_i|)`` with
+    ``w_t = pi_old / mu`` is the geometric mean of the ratios to the behaviour policy ``mu``; this is
+    verl's ``geo_mean`` loss with ``rollout_is_weights`` (the 1e-10 keeps a zero weight finite).
     Reference: "GMPO: Geometric-Mean Policy Optimization" (2025), arXiv 2507.20673.
     """
     if clip_low < 0.0 or clip_high < 0.0:
@@ -68,6 +76,10 @@ def gmpo(
     clipped = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-clip_low, clip_high))
     mean_log_ratio = select_valid(clipped, valid).sum(dim=-1, keepdim=True) / lengths
     seq_loss = -seq_adv * mean_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    if is_weights is not None:
+        check_loss_inputs(response_mask, is_weights=is_weights)
+        log_w = select_valid((is_weights.detach() + _ZERO_WEIGHT).log(), valid)
+        seq_loss = seq_loss * (log_w.sum(dim=-1, keepdim=True) / lengths).exp()
     loss_mat = seq_loss.expand_as(log_ratio)
     was_clipped = (clipped != log_ratio) & (sign != 0)
     return GMPOLoss(

@@ -1,8 +1,9 @@
-"""Policy-gradient losses: PPO clip (asymmetric, dual-clip), PPO clip with IS correction, GSPO.
+"""Policy-gradient losses: PPO clip (asymmetric, dual-clip) and GSPO, and the token-level truncated IS weight.
 
 Every loss takes the log-probs of the policy being trained (``log_probs``,
 with grad), the behaviour policy's (``old_log_probs``), the advantages and the
-response mask; hyper-parameters are keyword-only; the per-token loss is
+response mask, and optionally detached importance weights ``is_weights`` (registered
+as the ``*_is`` ops of :mod:`.is_weighted`); hyper-parameters are keyword-only; the per-token loss is
 reduced by :func:`~hybridflow_ops.losses.aggregate.aggregate_loss`
 (``loss_agg_mode``, global counts). Metrics are detached means over this
 batch's valid tokens.
@@ -14,10 +15,10 @@ from typing import NamedTuple
 import torch
 
 from ..registry import register_op
-from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric
+from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric, weigh_tokens
 from .aggregate import aggregate_loss
 
-__all__ = ["PolicyLoss", "GSPOLoss", "ISWeights", "ppo_clip", "ppo_clip_is", "gspo", "truncated_is_weight"]
+__all__ = ["PolicyLoss", "GSPOLoss", "ISWeights", "ppo_clip", "gspo", "truncated_is_weight"]
 
 _POLICY_INPUTS = ("old_log_probs: float32[B, R]", "advantages: float32[B, R]", "response_mask: float32[B, R]")
 _LOG_PROBS = ("log_probs: float32[B, R]",)
@@ -77,12 +78,14 @@ def _policy_loss(loss_mat, log_ratio, was_clipped, lower, valid, response_mask, 
     )
 
 
-@register_op("ppo_clip", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
+@register_op("ppo_clip", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages",
+             ratio_input="old_log_probs")
 def ppo_clip(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
@@ -105,59 +108,25 @@ def ppo_clip(
     Metrics: ``pg_clipfrac`` (fraction of valid tokens where the clipped term is
     taken), ``pg_clipfrac_lower`` (where the dual clip is taken), ``ppo_kl``
     (mean of ``old_log_probs - log_probs``, the k1 estimate of KL(old || new)).
+    ``is_weights`` (op ``ppo_clip_is``): each token's loss is multiplied by the detached weight,
+    ``loss = aggregate_loss(w_t * l_t, ...)`` (Yao et al. 2025; verl's ``rollout_is_weights``).
     """
     _check_clip(clip_low, clip_high, dual_clip)
     valid = check_loss_inputs(response_mask, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages)
     loss_mat, was_clipped, lower, log_ratio = _ppo_token_loss(log_probs, old_log_probs, advantages, valid, clip_low, clip_high, dual_clip)
+    loss_mat = weigh_tokens(loss_mat, is_weights, valid)
     agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
     return _policy_loss(loss_mat, log_ratio, was_clipped, lower, valid, response_mask, agg)
 
 
-@register_op(
-    "ppo_clip_is", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS + ("is_weights: float32[B, R]",), outputs=_LOSS, kind="loss",
-    vanishes_with="advantages", correction="applies per-token importance weights (is_weights) to the PPO loss",
-)
-def ppo_clip_is(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    is_weights: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    loss_agg_mode: str = "token-mean",
-    global_tokens: int | float | torch.Tensor | None = None,
-    global_seqs: int | float | torch.Tensor | None = None,
-    norm_length: int | None = None,
-) -> PolicyLoss:
-    """PPO clip loss (as :func:`ppo_clip`) with each token's loss multiplied by a detached IS weight.
-
-    Shapes: as :func:`ppo_clip`, plus is_weights ``(b, r)``.
-
-        loss = aggregate_loss(w_t * l_t, response_mask, ...),   w = sg[is_weights]
-
-    Corrects for rollouts sampled by an engine whose probabilities differ from
-    the trainer's ``old_log_probs`` (see :func:`truncated_is_weight`; Yao et al.
-    2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training").
-    """
-    _check_clip(clip_low, clip_high, dual_clip)
-    valid = check_loss_inputs(
-        response_mask, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages, is_weights=is_weights,
-    )
-    loss_mat, was_clipped, lower, log_ratio = _ppo_token_loss(log_probs, old_log_probs, advantages, valid, clip_low, clip_high, dual_clip)
-    weighted = loss_mat * select_valid(is_weights.detach(), valid)
-    agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
-    return _policy_loss(weighted, log_ratio, was_clipped, lower, valid, response_mask, agg)
-
-
-@register_op("gspo", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
+@register_op("gspo", model_inputs=_LOG_PROBS, inputs=_POLICY_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages",
+             ratio_input="old_log_probs")
 def gspo(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
@@ -179,6 +148,9 @@ def gspo(
     so with the default ``seq-mean-token-mean`` and a per-sequence advantage the
     gradient is GSPO's. Clip ranges are small (3e-4 / 4e-4 in the paper) because
     the ratio is a per-token geometric mean.
+    ``is_weights`` (op ``gspo_is``): ``l_i,t`` is multiplied by the detached ``w_i,t``, as verl's
+    ``gspo`` loss does with ``rollout_is_weights``; with a per-sequence weight (:func:`~hybridflow_ops.sequence_is_weight`)
+    that is GSPO's sequence objective weighted by ``pi_old(y_i) / mu(y_i)``.
     Reference: Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071.
     """
     _check_clip(clip_low, clip_high)
@@ -189,6 +161,7 @@ def gspo(
     seq_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / lengths
     token_log_ratio = seq_log_ratio.detach() + new - new.detach()
     loss_mat, was_clipped = _clipped_surrogate(clamped_exp(token_log_ratio), select_valid(advantages, valid), clip_low, clip_high)
+    loss_mat = weigh_tokens(loss_mat, is_weights, valid)
     return GSPOLoss(
         loss=aggregate_loss(
             loss_mat, response_mask, mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,

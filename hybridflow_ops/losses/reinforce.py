@@ -2,7 +2,8 @@
 
 The three differ only in the detached weight ``w`` in front of ``A log pi`` and in
 their default aggregation: REINFORCE and GPG have no weight (on-policy, no ratio),
-CISPO weights each token by its clipped, detached importance ratio. Their loss
+CISPO weights each token by its clipped, detached importance ratio. Each takes optional
+detached ``is_weights`` (the ``*_is`` ops) multiplying its per-token loss. Their loss
 *value* is ``-A log pi`` (the papers' objectives, negated); only its gradient
 ``-w A grad log pi`` matters for training.
 """
@@ -13,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from ..registry import register_op
-from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric
+from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric, weigh_tokens
 from .aggregate import aggregate_loss
 
 __all__ = ["PGLoss", "CISPOLoss", "DROLoss", "reinforce", "gpg", "cispo", "dro"]
@@ -33,9 +34,9 @@ class CISPOLoss(NamedTuple):
     ppo_kl: torch.Tensor
 
 
-def _score_function_loss(log_probs, advantages, response_mask, agg) -> PGLoss:
+def _score_function_loss(log_probs, advantages, response_mask, is_weights, agg) -> PGLoss:
     valid = check_loss_inputs(response_mask, log_probs=log_probs, advantages=advantages)
-    loss_mat = -select_valid(advantages, valid) * select_valid(log_probs, valid)
+    loss_mat = weigh_tokens(-select_valid(advantages, valid) * select_valid(log_probs, valid), is_weights, valid)
     return PGLoss(aggregate_loss(loss_mat, response_mask, **agg))
 
 
@@ -44,6 +45,7 @@ def reinforce(
     log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     loss_agg_mode: str = "seq-mean-token-sum",
     global_tokens: int | float | torch.Tensor | None = None,
@@ -62,11 +64,13 @@ def reinforce(
     averaged over sequences: with ``A`` the return of the response, its gradient is an
     unbiased estimate of the gradient of the expected return. Valid on-policy only
     (one update per batch): there is no ratio to correct for a policy that has moved.
+    ``is_weights`` (op ``reinforce_is``): ``l_t = -sg[w_t] A_t log pi(y_t)``, the importance-weighted
+    score function of off-policy REINFORCE (verl's ``compute_policy_loss_reinforce`` with ``rollout_is_weights``).
     Reference: Williams 1992, "Simple statistical gradient-following algorithms for
     connectionist reinforcement learning", Machine Learning 8.
     """
     agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
-    return _score_function_loss(log_probs, advantages, response_mask, agg)
+    return _score_function_loss(log_probs, advantages, response_mask, is_weights, agg)
 
 
 @register_op("gpg", model_inputs=_LOG_PROBS, inputs=_PG_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
@@ -74,6 +78,7 @@ def gpg(
     log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     loss_agg_mode: str = "token-mean",
     global_tokens: int | float | torch.Tensor | None = None,
@@ -86,24 +91,26 @@ def gpg(
 
         loss = -(1 / sum_i |o_i|) sum_i sum_t A_i,t log pi(o_i,t)        (GPG)
 
-    i.e. :func:`reinforce` with ``token-mean``: no ratio, no clip, no KL term. The
+    i.e. :func:`reinforce` with ``token-mean``: no ratio, no clip, no KL term.
+    ``is_weights`` (op ``gpg_is``): each token's term is multiplied by ``sg[w_t]`` (verl's ``gpg`` loss). The
     advantage is GPG's group-centred, rescaled score (:func:`~hybridflow_ops.gpg_advantage`).
     Reference: Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline
     for Model Reasoning", arXiv 2504.02546.
     """
     agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
-    return _score_function_loss(log_probs, advantages, response_mask, agg)
+    return _score_function_loss(log_probs, advantages, response_mask, is_weights, agg)
 
 
 @register_op(
     "cispo", model_inputs=_LOG_PROBS, inputs=("old_log_probs: float32[B, R]",) + _PG_INPUTS, outputs=_LOSS, kind="loss",
-    vanishes_with="advantages",
+    vanishes_with="advantages", ratio_input="old_log_probs",
 )
 def cispo(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     clip_low: float = 1.0,
     clip_high: float = 0.28,
@@ -126,6 +133,7 @@ def cispo(
     ``clip_low = 1`` sets no lower bound (the paper imposes none); ``clip_high`` is the
     only active bound. Metrics: ``pg_clipfrac`` (fraction of valid tokens whose ratio was
     clipped), ``ppo_kl`` (mean of ``old_log_probs - log_probs``).
+    ``is_weights`` (op ``cispo_is``): ``l_t`` is multiplied by ``sg[is_weights_t]`` (verl's ``cispo`` loss).
     Reference: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
     Lightning Attention", arXiv 2506.13585 (CISPO).
     """
@@ -136,7 +144,7 @@ def cispo(
     log_ratio = new - select_valid(old_log_probs, valid)
     ratio = clamped_exp(log_ratio.detach())
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss_mat = -weight * select_valid(advantages, valid) * new
+    loss_mat = weigh_tokens(-weight * select_valid(advantages, valid) * new, is_weights, valid)
     agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
     return CISPOLoss(
         loss=aggregate_loss(loss_mat, response_mask, **agg),
@@ -158,6 +166,7 @@ def dro(
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     beta: float = 0.1,
     loss_agg_mode: str = "token-mean",
@@ -184,6 +193,8 @@ def dro(
     The penalty does not vanish with the advantage once the policy has moved, so this loss
     declares no ``vanishes_with``. The log-ratio is not clamped (it enters squared, not exponentiated).
     Metric: ``ppo_kl`` (mean of ``old_log_probs - log_probs``).
+    ``is_weights`` (op ``dro_is``): the whole per-token loss, penalty included, is multiplied by
+    ``sg[w_t]``: the expectation over ``mu``'s samples of both terms is re-weighted to ``pi_old``'s.
     Reference: Richemond et al. 2024, "Offline Regularised Reinforcement Learning for Large
     Language Models Alignment", arXiv 2405.19107 (DRO).
     """
@@ -192,6 +203,6 @@ def dro(
     valid = check_loss_inputs(response_mask, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages)
     new = select_valid(log_probs, valid)
     log_ratio = new - select_valid(old_log_probs, valid)
-    loss_mat = -select_valid(advantages, valid) * new + 0.5 * beta * log_ratio.square()
+    loss_mat = weigh_tokens(-select_valid(advantages, valid) * new + 0.5 * beta * log_ratio.square(), is_weights, valid)
     agg = dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
     return DROLoss(loss=aggregate_loss(loss_mat, response_mask, **agg), ppo_kl=token_metric(-log_ratio, valid))

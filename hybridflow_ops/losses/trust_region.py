@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from ..registry import register_op
-from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric
+from ._common import check_loss_inputs, clamped_exp, select_valid, token_metric, weigh_tokens
 from .aggregate import aggregate_loss
 
 __all__ = ["SAPOLoss", "DPPOLoss", "sapo", "dppo_tv", "dppo_kl", "binary_kl"]
@@ -37,12 +37,14 @@ def _agg(loss_agg_mode, global_tokens, global_seqs, norm_length):
     return dict(mode=loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length)
 
 
-@register_op("sapo", model_inputs=_LOG_PROBS, inputs=_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
+@register_op("sapo", model_inputs=_LOG_PROBS, inputs=_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages",
+             ratio_input="old_log_probs")
 def sapo(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
@@ -67,6 +69,7 @@ def sapo(
     ``tau_neg`` damps negative-advantage tokens faster (the paper argues they destabilise
     training more); 1.0 / 1.05 are this library's defaults. The default aggregation is the
     paper's per-sequence token mean. Metric: ``ppo_kl``.
+    ``is_weights`` (op ``sapo_is``): ``l_t`` is multiplied by ``sg[w_t]`` (verl's ``sapo`` loss).
     Reference: Qwen team 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347.
     """
     if tau_pos <= 0 or tau_neg <= 0:
@@ -76,7 +79,7 @@ def sapo(
     adv = select_valid(advantages, valid)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (clamped_exp(log_ratio) - 1.0)) * (4.0 / tau)
-    loss_mat = -gate * adv
+    loss_mat = weigh_tokens(-gate * adv, is_weights, valid)
     return SAPOLoss(
         loss=aggregate_loss(loss_mat, response_mask, **_agg(loss_agg_mode, global_tokens, global_seqs, norm_length)),
         ppo_kl=token_metric(-log_ratio, valid),
@@ -95,14 +98,14 @@ def binary_kl(old_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Ten
     return mu * (old_log_probs - log_probs) + one_minus_mu * (one_minus_mu.log() - one_minus_p.log())
 
 
-def _dppo(log_probs, old_log_probs, advantages, response_mask, outside, agg) -> DPPOLoss:
+def _dppo(log_probs, old_log_probs, advantages, response_mask, is_weights, outside, agg) -> DPPOLoss:
     """``-sg[M_t] r_t A_t`` with ``M_t = 0`` where ``outside(new, old, adv)`` says the token left the trust region."""
     valid = check_loss_inputs(response_mask, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages)
     new, old = select_valid(log_probs, valid), select_valid(old_log_probs, valid)
     adv = select_valid(advantages, valid)
     log_ratio = new - old
     masked = outside(new.detach(), old.detach(), adv) & valid
-    loss_mat = torch.where(masked, torch.zeros_like(log_ratio), -adv * clamped_exp(log_ratio))
+    loss_mat = weigh_tokens(torch.where(masked, torch.zeros_like(log_ratio), -adv * clamped_exp(log_ratio)), is_weights, valid)
     return DPPOLoss(
         loss=aggregate_loss(loss_mat, response_mask, **agg),
         pg_maskfrac=token_metric(masked, valid, loss_mat.dtype),
@@ -110,12 +113,14 @@ def _dppo(log_probs, old_log_probs, advantages, response_mask, outside, agg) -> 
     )
 
 
-@register_op("dppo_tv", model_inputs=_LOG_PROBS, inputs=_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
+@register_op("dppo_tv", model_inputs=_LOG_PROBS, inputs=_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages",
+             ratio_input="old_log_probs")
 def dppo_tv(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     delta_low: float = 0.15,
     delta_high: float = 0.15,
@@ -139,6 +144,7 @@ def dppo_tv(
     while a likely one is held to a small absolute change. As with PPO's clip, only a
     move in the direction the advantage pushes is stopped. The 0.15 thresholds are this
     library's defaults. Metrics: ``pg_maskfrac`` (fraction of valid tokens masked), ``ppo_kl``.
+    ``is_weights`` (op ``dppo_tv_is``): ``l_t`` is multiplied by ``sg[w_t]``.
     Reference: "Rethinking the Trust Region in LLM Reinforcement Learning" (2026), arXiv 2602.04879.
     """
     if delta_low < 0 or delta_high < 0:
@@ -148,15 +154,17 @@ def dppo_tv(
         shift = new.exp() - old.exp()
         return ((adv > 0) & (shift > delta_high)) | ((adv < 0) & (shift < -delta_low))
 
-    return _dppo(log_probs, old_log_probs, advantages, response_mask, outside, _agg(loss_agg_mode, global_tokens, global_seqs, norm_length))
+    return _dppo(log_probs, old_log_probs, advantages, response_mask, is_weights, outside, _agg(loss_agg_mode, global_tokens, global_seqs, norm_length))
 
 
-@register_op("dppo_kl", model_inputs=_LOG_PROBS, inputs=_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages")
+@register_op("dppo_kl", model_inputs=_LOG_PROBS, inputs=_INPUTS, outputs=_LOSS, kind="loss", vanishes_with="advantages",
+             ratio_input="old_log_probs")
 def dppo_kl(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
     *,
     delta_low: float = 0.05,
     delta_high: float = 0.05,
@@ -176,6 +184,7 @@ def dppo_kl(
         loss = aggregate_loss(l, response_mask, mode=loss_agg_mode, ...)
 
     The 0.05 thresholds are this library's defaults. Metrics: ``pg_maskfrac``, ``ppo_kl``.
+    ``is_weights`` (op ``dppo_kl_is``): ``l_t`` is multiplied by ``sg[w_t]``.
     Reference: "Rethinking the Trust Region in LLM Reinforcement Learning" (2026), arXiv 2602.04879.
     """
     if delta_low < 0 or delta_high < 0:
@@ -186,4 +195,4 @@ def dppo_kl(
         up, down = new > old, new < old
         return ((adv > 0) & up & (divergence > delta_high)) | ((adv < 0) & down & (divergence > delta_low))
 
-    return _dppo(log_probs, old_log_probs, advantages, response_mask, outside, _agg(loss_agg_mode, global_tokens, global_seqs, norm_length))
+    return _dppo(log_probs, old_log_probs, advantages, response_mask, is_weights, outside, _agg(loss_agg_mode, global_tokens, global_seqs, norm_length))

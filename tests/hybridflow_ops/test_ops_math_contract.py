@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridflow_ops import get_op
+from hybridflow_ops import IS_WEIGHTED_LOSSES, get_op
 
 # op -> (model_inputs, inputs, outputs, kind): the contract the graph layer relies on.
 CONTRACT = {
@@ -46,10 +46,18 @@ CONTRACT = {
     "kl_loss": (("log_probs",), ("ref_log_probs", "response_mask"), ("loss",), "loss"),
     "value_clip": (("value_preds",), ("values", "returns", "response_mask"), ("loss",), "loss"),
     "entropy_bonus": (("entropy",), ("response_mask",), ("loss",), "loss"),
+    "kl_rejection_mask": ((), ("old_log_probs", "rollout_log_probs", "response_mask"), ("response_mask",), "compute"),
+    "chained_rejection_mask": ((), ("old_log_probs", "rollout_log_probs", "response_mask"), ("response_mask",), "compute"),
+    "decoupled_is_weight": ((), ("old_log_probs", "rollout_log_probs", "response_mask"), ("is_weights",), "compute"),
+    "old_log_probs_from_rollout": ((), ("rollout_log_probs", "response_mask"), ("old_log_probs",), "compute"),
 }
+# Every policy-gradient loss's IS-weighted op: its fields plus is_weights.
+CONTRACT.update({f"{name}_is": (model, inputs + ("is_weights",), outputs, kind)
+                 for name, (model, inputs, outputs, kind) in list(CONTRACT.items())
+                 if kind == "loss" and name in IS_WEIGHTED_LOSSES and name != "ppo_clip"})
 OPS = sorted(CONTRACT)
 # Hyper-parameters the generic checks pass where an op's defaults do not fit their inputs (groups of two).
-ATTRS = {"passk_advantage": {"k": 2}}
+ATTRS = {"passk_advantage": {"k": 2}, "kl_rejection_mask": {"high": 0.5}}
 NAN = float("nan")
 
 
