@@ -43,7 +43,7 @@ TOOLS = ROOT / "tools"
 
 SCRIPTS = (
     "bench_agent_calc.py", "bench_agent_rollout.py", "sandbox_faults.py",
-    "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
+    "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "compare_verl_corrections.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
@@ -146,6 +146,13 @@ def test_bench_placement_searches_a_small_cluster(capsys):
                      r"iteration [\d.]+ s$", out, re.M), out
     for strategy in ("colocate", "split", "standalone"):
         assert re.search(rf"^  {strategy} +[\d.]+ s$", out, re.M), out
+
+
+def test_compare_verl_corrections_says_when_verl_does_not_import(tmp_path, capsys):
+    """Without a verl checkout (none is installed here: it is a peer, compared in a side environment) the tool
+    says that verl's modules do not import and exits 2, before comparing anything."""
+    assert tool("compare_verl_corrections.py").main(["--verl", str(tmp_path), "--seeds", "1"]) == 2
+    assert "verl's modules do not import here: ModuleNotFoundError" in capsys.readouterr().err
 
 
 def test_count_step_files_lists_the_files_of_one_step(capsys):

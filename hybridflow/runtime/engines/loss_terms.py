@@ -18,10 +18,10 @@ from hybridflow.errors import OpError
 
 __all__ = ["LossTerm", "ResolvedTerm", "resolve_loss_terms", "LOSS_METRIC_NAMES", "MetricMeans"]
 
-# How the loss value of each op is named in the metrics (the field's usual names).
+# How the loss value of each op is named in the metrics (the field's usual names); an op's importance-weighted
+# variant ``<op>_is`` (hybridflow_ops.losses.is_weighted) is named as the op.
 LOSS_METRIC_NAMES: dict[str, str] = {
     "ppo_clip": "pg_loss",
-    "ppo_clip_is": "pg_loss",
     "gspo": "pg_loss",
     "value_clip": "vf_loss",
     "kl_loss": "kl_loss",
@@ -87,7 +87,8 @@ def _resolve(term: LossTerm | Sequence) -> ResolvedTerm:
     missing = [c for c in _COUNT_ATTRS if c not in spec.attrs]
     if missing:
         raise OpError(f"loss {term.op!r} must accept keyword attributes {missing} (global counts) to be used in an update")
-    name = LOSS_METRIC_NAMES.get(term.op, term.op if term.op.endswith("loss") else f"{term.op}_loss")
+    base = term.op.removesuffix("_is")
+    name = LOSS_METRIC_NAMES.get(base, base if base.endswith("loss") else f"{base}_loss")
     return ResolvedTerm(spec, float(term.weight), attrs, name)
 
 
