@@ -1,0 +1,102 @@
+"""Streamed rollouts (runtime/streaming.py): the region that runs per piece, the same results as a run without
+streaming, and the order in which the interpreter issued the pieces' ops."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hybridflow.algorithms import ALGORITHMS
+from hybridflow.compiler.plan import PlanOp
+from hybridflow.runtime.engines import SamplingParams
+from hybridflow.runtime.local import LocalExecutor
+from hybridflow.runtime.streaming import granularity, mark_streaming, streamed_region
+
+from test_local_executor import _prompts, _specs, local_plan_for
+
+torch.set_num_threads(1)
+
+
+def _long_specs(graph):
+    """The local executor tests' engines, with responses of up to 16 tokens (their lengths then vary widely)."""
+    return {name: dataclasses.replace(spec, sampling=SamplingParams(max_new_tokens=16, seed=0)) if spec.sampling else spec
+            for name, spec in _specs(graph).items()}
+
+
+def _generate(plan):
+    return next(op for op in plan.ops if op.kind == "node" and plan.graph.node(op.node).kind == "generate")
+
+
+def test_grpo_region_is_its_scores_log_probs_and_group_advantage_but_not_the_update():
+    plan = local_plan_for(ALGORITHMS["grpo"].build(n=2))
+    region = [op.name for op in streamed_region(plan.ops, plan.graph, _generate(plan))]
+    assert region == ["actor.logprob", "reward.score", "ref.logprob", "grpo_advantage"]
+
+
+def test_a_batch_wise_op_and_what_reads_it_wait_for_the_join():
+    plan = local_plan_for(ALGORITHMS["reinforce_pp"].build())
+    region = {op.node for op in streamed_region(plan.ops, plan.graph, _generate(plan))}
+    batch_wise = {n.name for n in plan.graph.nodes if n.kind == "compute" and granularity(n) == "batch"}
+    assert batch_wise and not region & batch_wise
+    after = {n.name for n in plan.graph.nodes if any(i.source in batch_wise for i in n.inputs)}
+    assert not region & after
+    assert "reward.score" in region
+
+
+def test_an_op_behind_one_that_waits_for_the_whole_rollout_does_not_stream():
+    plan = local_plan_for(ALGORITHMS["grpo"].build(n=2))
+    ops = list(plan.ops)
+    generate = _generate(plan)
+    # an offload of the rollout's KV cache after generation, which the actor's log-prob waits for
+    offload = PlanOp(name="actor.offload", kind="offload", role="actor", pool=generate.pool, deps=(generate.name,),
+                     items=("kv_cache",))
+    at = next(i for i, op in enumerate(ops) if op.name == "actor.logprob")
+    ops[at] = ops[at].model_copy(update={"deps": ops[at].deps + (offload.name,)})
+    ops.insert(at, offload)
+    region = [op.name for op in streamed_region(ops, plan.graph, generate)]
+    # every op on the offload's pool after it keeps the plan's order and waits, and the advantage reads a score
+    assert region == []
+    assert [op.name for op in streamed_region(plan.ops, plan.graph, generate)]  # without the offload, they stream
+
+
+def _run(plan, stream: bool, prompts=8):
+    torch.manual_seed(0)
+    executor = LocalExecutor(mark_streaming(plan) if stream else plan, _long_specs(plan.graph))
+    return executor, executor.run_iteration({"prompts": _prompts(prompts)})
+
+
+def test_a_streamed_grpo_step_computes_what_an_unstreamed_one_does_and_scores_before_generation_ends():
+    plan = local_plan_for(ALGORITHMS["grpo"].build(n=4))
+    _, plain = _run(plan, False)
+    executor, streamed = _run(plan, True)
+    mask = plain.env["actor.generate"]["response_mask"]
+    lengths = mask.sum(-1)
+    assert lengths.min() <= 8 < lengths.max()  # lengths that vary: the case streaming is for
+    for name, batch in plain.env.items():
+        for field in batch.tensors.keys():
+            a, b = batch[field], streamed.env[name][field]
+            if field.endswith("log_probs") and name != "actor.generate":
+                # the train engine computes padding columns only up to its batch's longest response: compare responses
+                a, b = a * mask, b * mask
+                assert torch.allclose(a, b, atol=1e-6, rtol=0), (name, field)
+            else:
+                assert torch.equal(a, b), (name, field)
+        assert {k: list(v) for k, v in batch.columns.items()} == {k: list(v) for k, v in streamed.env[name].columns.items()}
+    for key, value in plain.metrics.items():
+        assert streamed.metrics[key] == pytest.approx(value, abs=1e-6), key
+    # the order the interpreter issued its ops in (event numbers, not times)
+    spans = executor.recorder.spans
+    generation = next(s for s in spans if s.op == "actor.generate")
+    scores = [s for s in spans if s.op == "reward.score"]
+    assert len(scores) > 1  # one per piece
+    assert min(s.sent for s in scores) < generation.done  # a group was scored while others were still decoding
+    update = next(s for s in spans if s.op == "actor.update")
+    assert update.sent > max(s.done for s in spans if s.op != "actor.update")  # the update waited for the join
+
+
+def test_mark_streaming_marks_generate_ops_only():
+    plan = mark_streaming(local_plan_for(ALGORITHMS["grpo"].build(n=2)))
+    assert [op.name for op in plan.ops if op.stream] == ["actor.generate"]
+    again = type(plan).model_validate_json(plan.model_dump_json())
+    assert [op.stream for op in again.ops] == [op.stream for op in plan.ops]
