@@ -17,7 +17,11 @@ streams:
   and returns an :class:`InFlight` whose ``finish`` merges the slots' results into
   the environment (a control op's: its slots' results in rank order, in ``results``);
 * the executor waits on every in-flight op at once and finishes each as its
-  slots' results arrive.
+  slots' results arrive;
+* a generate op with ``stream`` set is sent by :func:`~.streaming.start_streamed` instead: its
+  pool's slots yield prompt groups as they end, and the row- and group-wise ops after it run on
+  each group as it arrives, joined in prompt order before anything batch-wise (:mod:`.streaming`).
+  Its flight answers the same three questions (``waiting``, ``collect``, ``complete``).
 
 Every send and every completion takes the next number of :attr:`PlanExecutor.events`,
 and each op's span keeps its numbers (``sent``, ``done``) and the call it was sent in
@@ -355,6 +359,7 @@ class PlanExecutor(ABC):
         self.check_running()
 
     def next_event(self) -> int:
+        """The next event number (a send or a completion; :attr:`events`)."""
         self.events += 1
         return self.events
 
@@ -441,6 +446,7 @@ class PlanExecutor(ABC):
         stream.pending[:0] = again
 
     def run_controller(self, op: PlanOp, stream: Stream) -> None:
+        """Run controller op ``op`` (a compute node, or a log-prob served from the rollout) here, on ``stream``'s env."""
         node = self.graph.node(op.node)
         sent = self.next_event()  # it runs here and now: sent and done in one
         with self.recorder.record(op=op.name, node=op.node, kind=node.kind, role=op.role, device=CONTROLLER,
@@ -463,6 +469,7 @@ class PlanExecutor(ABC):
         return wall - (time.time() - self.recorder.now())
 
     def record_flight(self, flight: InFlight, iteration: int, done: int) -> None:
+        """The spans of a finished flight: one per slot (``worker_spans``) and one for its pool (the recorder)."""
         op = flight.op
         fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=iteration,
                       sent=flight.sent, done=done, call=flight.call)
