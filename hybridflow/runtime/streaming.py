@@ -18,7 +18,9 @@ joins the region when every input comes from the generate node or another region
 row-/group-wise, and none of its plan dependencies lies downstream of the generate op outside
 the region (an offload between generation and a log-prob keeps that log-prob out).
 
-Each piece's ops keep the plan's order: an op is sent for a piece only when its dependencies are
+Groups that arrive while the region still works on a piece wait and go on together as the next piece: when
+the region keeps up, each group goes on alone; when it is the slower side, its calls grow instead of queueing
+up (fewer round trips). Each piece's ops keep the plan's order: an op is sent for a piece only when its dependencies are
 done (for that piece, or, for ops outside the region, in the stream) and no earlier op of its pools
 in the plan waits to be sent. Every send and completion takes the executor's next event number, as
 for whole ops, and each piece's op gets a span of its own (op timings sum them).
@@ -150,6 +152,8 @@ class StreamedFlight:
         self.times: dict[int, tuple[float, float]] = {}
         self.results: dict[int, Any] = {}
         self.pieces: list[_Piece] = []
+        self.arrived: list[tuple[torch.Tensor, Batch]] = []
+        """Groups yielded while the region still works on the last piece: they go on together as the next one."""
         self.sent, self.call, self.sent_at = -1, 0, 0.0
         self._make_stream = lambda env: Stream([], IterationState(env=env), stream.iteration)
 
@@ -172,7 +176,9 @@ class StreamedFlight:
             self._record_generation()
         for piece in self.pieces:
             self._advance(piece)
-        return not self.live and all(self._piece_done(p) for p in self.pieces)
+        if self.arrived and all(self._piece_done(p) for p in self.pieces):
+            self._start_piece()
+        return not self.live and not self.arrived and all(self._piece_done(p) for p in self.pieces)
 
     def finish(self, results: Sequence[Any]) -> None:
         from .node_calls import node_output
@@ -207,9 +213,18 @@ class StreamedFlight:
         self.times[rank] = (first, end)
         if not self.split.had_groups:
             batch = batch.with_fields(group_index=batch["group_index"] + self.offsets[rank])
-        keys = rows.to(torch.long) + rank * _ORDER_STRIDE
-        self.pieces.append(_Piece(keys, self._make_stream({self.node.name: batch})))
-        self.pieces[-1].done.add(self.op.name)
+        self.arrived.append((rows.to(torch.long) + rank * _ORDER_STRIDE, batch))
+
+    def _start_piece(self) -> None:
+        """The groups that arrived since the last piece started, as one piece (fewer, larger calls when the region's
+        pools are the slower side; one group per piece when they keep up)."""
+        keys = torch.cat([k for k, _ in self.arrived])
+        batch = Batch.concat([b for _, b in self.arrived]) if len(self.arrived) > 1 else self.arrived[0][1]
+        self.arrived = []
+        piece = _Piece(keys, self._make_stream({self.node.name: batch}))
+        piece.done.add(self.op.name)
+        self.pieces.append(piece)
+        self._advance(piece)
 
     def _piece_done(self, piece: _Piece) -> bool:
         return not piece.inflight and all(o.name in piece.done for o in self.region)

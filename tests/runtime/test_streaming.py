@@ -11,7 +11,7 @@ from hybridflow.algorithms import ALGORITHMS
 from hybridflow.compiler.plan import PlanOp
 from hybridflow.runtime.engines import SamplingParams
 from hybridflow.runtime.local import LocalExecutor
-from hybridflow.runtime.streaming import granularity, mark_streaming, streamed_region
+from hybridflow.runtime.streaming import GRANULARITY, granularity, mark_streaming, streamed_region
 
 from test_local_executor import _prompts, _specs, local_plan_for
 
@@ -100,3 +100,60 @@ def test_mark_streaming_marks_generate_ops_only():
     assert [op.name for op in plan.ops if op.stream] == ["actor.generate"]
     again = type(plan).model_validate_json(plan.model_dump_json())
     assert [op.stream for op in again.ops] == [op.stream for op in plan.ops]
+
+
+def _inputs(spec, generator, groups=4, n=3, r=6):
+    """Random inputs of op ``spec``: ``groups`` groups of ``n`` rows, responses of 1..r valid tokens."""
+    b = groups * n
+    lengths = torch.randint(1, r + 1, (b,), generator=generator)
+    mask = (torch.arange(r)[None, :] < lengths[:, None]).float()
+    values = {"response_mask": mask, "group_index": torch.arange(groups).repeat_interleave(n) * 7 + 3}
+    out = {}
+    for f in spec.inputs:
+        if f.name in values:
+            out[f.name] = values[f.name]
+        elif len(f.dims) == 2:
+            out[f.name] = -torch.rand((b, r), generator=generator) * 3 * mask
+        else:
+            out[f.name] = torch.randint(0, 2, (b,), generator=generator).float()
+    return out
+
+
+def _call(spec, inputs, params):
+    outputs = spec.fn(*inputs.values(), **params)
+    return outputs if isinstance(outputs, torch.Tensor) else outputs[0]
+
+
+PARAMS = {"overlong_penalty": {"max_length": 6, "cache_length": 3}}
+
+
+@pytest.mark.parametrize("name", sorted(GRANULARITY))
+@pytest.mark.parametrize("seed", range(5))
+def test_a_declared_row_or_group_op_on_pieces_of_whole_groups_is_the_op_on_the_batch(name, seed):
+    from hybridflow_ops import get_op
+
+    spec = get_op(name)
+    generator = torch.Generator().manual_seed(seed)
+    inputs = _inputs(spec, generator)
+    params = PARAMS.get(name, {})
+    whole = _call(spec, inputs, params)
+    # the groups dealt to two pieces in a random order, as they might finish
+    groups = torch.randperm(4, generator=generator)
+    pieces = [groups[:1], groups[1:]]
+    rows = [(g[:, None] * 3 + torch.arange(3)).reshape(-1) for g in pieces]
+    parts = [_call(spec, {k: v[idx] for k, v in inputs.items()}, params) for idx in rows]
+    joined = torch.cat(parts)[torch.argsort(torch.cat(rows))]
+    assert torch.allclose(joined, whole, atol=1e-6, rtol=0)
+
+
+def test_the_check_above_tells_a_batch_wise_op_apart():
+    """Whitening over the batch (undeclared, so batch-wise) gives other numbers on pieces: the check can fail."""
+    from hybridflow_ops import get_op
+
+    spec = get_op("whiten")
+    inputs = _inputs(spec, torch.Generator().manual_seed(0))
+    assert "whiten" not in GRANULARITY
+    whole = _call(spec, inputs, {})
+    rows = [torch.arange(3), torch.arange(3, 12)]
+    joined = torch.cat([_call(spec, {k: v[idx] for k, v in inputs.items()}, {}) for idx in rows])
+    assert not torch.allclose(joined, whole, atol=1e-6, rtol=0)
