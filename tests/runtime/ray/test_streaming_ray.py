@@ -14,7 +14,7 @@ from hybridflow.runtime.streaming import mark_streaming
 @pytest.mark.e2e
 def test_a_streamed_step_on_ray_equals_the_unstreamed_one_and_overlaps_scoring(ray_cluster):
     graph = grpo.build(n=4)
-    plan = compiled_plan(graph, "split", 2)  # the rollout on a pool of its own
+    plan = compiled_plan(graph, "actor+ref@1;actor.generate@1", 2)  # the rollout on a pool of its own
     generation = plan.placement("actor").generation_pool
     assert generation
     batch = {"prompts": prompts(0, count=6)}
