@@ -264,6 +264,8 @@ def _op_line(op: PlanOp) -> str:
         line += f"  from {op.reuse}'s rollout"
     if op.env_pool:
         line += f"  env steps on {op.env_pool}"
+    if op.stream:
+        line += "  streamed"
     if op.deps:
         line += f"  after {', '.join(op.deps)}"
     if op.iteration_offset:
@@ -357,6 +359,8 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
                 fail(f"op {op.name!r} runs node {op.node!r} on role {op.role!r}, but the node's role is {graph.node(op.node).role!r}")
             if op.reuse is not None:
                 _check_reuse(graph, op, fail)
+        if op.stream and (op.kind != "node" or graph.node(op.node).kind != "generate"):
+            fail(f"op {op.name!r} is marked stream, which only a generate node op can be")
         seen[op.name] = op
     missing = [n.name for n in graph.nodes if n.name not in node_ops]
     if missing:

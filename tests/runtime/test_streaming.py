@@ -95,11 +95,20 @@ def test_a_streamed_grpo_step_computes_what_an_unstreamed_one_does_and_scores_be
     assert update.sent > max(s.done for s in spans if s.op != "actor.update")  # the update waited for the join
 
 
-def test_mark_streaming_marks_generate_ops_only():
+def test_mark_streaming_marks_generate_ops_only_and_the_plan_says_so():
+    from hybridflow.compiler.plan import verify_plan
+    from hybridflow.errors import PlanError
+
     plan = mark_streaming(local_plan_for(ALGORITHMS["grpo"].build(n=2)))
     assert [op.name for op in plan.ops if op.stream] == ["actor.generate"]
     again = type(plan).model_validate_json(plan.model_dump_json())
     assert [op.stream for op in again.ops] == [op.stream for op in plan.ops]
+    assert [line for line in plan.to_text().splitlines() if "streamed" in line][0].startswith("op actor.generate:")
+    verify_plan(plan)
+    wrong = plan.model_copy(update={"ops": tuple(op.model_copy(update={"stream": op.name == "reward.score"})
+                                                 for op in plan.ops)})
+    with pytest.raises(PlanError, match="'reward.score' is marked stream"):
+        verify_plan(wrong)
 
 
 def _inputs(spec, generator, groups=4, n=3, r=6):
