@@ -139,6 +139,7 @@ class PlanOp(_Frozen):
     rank_groups: tuple[tuple[int, ...], ...] = Field((), description="weight_sync within a pool: the micro-DP groups (pool-local ranks) that all-gather together (HybridFlow §5).")
     note: str = Field("", description="Free text shown in drawings (e.g. 'hybrid engine: micro-dp groups of 2').")
     env_pool: str | None = Field(None, description="generate node ops with env=: the environment pool whose workers run the samples' environment steps (tool calls) while the op runs; None: no environment.")
+    stream: bool = Field(False, description="generate node ops: run streamed (config stream_rollouts): the rollout hands back each prompt group as its responses end, and the row- and group-wise ops after it run on each group as it arrives, joined in prompt order before the first batch-wise op (hybridflow.runtime.streaming).")
     reuse: str | None = Field(None, description="logprob node ops: served on the controller from this generate node's rollout log-probs (the same module and precision sampled them; compiler pass 'reuse'), with no forward pass.")
 
 
@@ -263,6 +264,8 @@ def _op_line(op: PlanOp) -> str:
         line += f"  from {op.reuse}'s rollout"
     if op.env_pool:
         line += f"  env steps on {op.env_pool}"
+    if op.stream:
+        line += "  streamed"
     if op.deps:
         line += f"  after {', '.join(op.deps)}"
     if op.iteration_offset:
@@ -356,6 +359,8 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
                 fail(f"op {op.name!r} runs node {op.node!r} on role {op.role!r}, but the node's role is {graph.node(op.node).role!r}")
             if op.reuse is not None:
                 _check_reuse(graph, op, fail)
+        if op.stream and (op.kind != "node" or graph.node(op.node).kind != "generate"):
+            fail(f"op {op.name!r} is marked stream, which only a generate node op can be")
         seen[op.name] = op
     missing = [n.name for n in graph.nodes if n.name not in node_ops]
     if missing:

@@ -17,7 +17,11 @@ streams:
   and returns an :class:`InFlight` whose ``finish`` merges the slots' results into
   the environment (a control op's: its slots' results in rank order, in ``results``);
 * the executor waits on every in-flight op at once and finishes each as its
-  slots' results arrive.
+  slots' results arrive;
+* a generate op with ``stream`` set is sent by :func:`~.streaming.start_streamed` instead: its
+  pool's slots yield prompt groups as they end, and the row- and group-wise ops after it run on
+  each group as it arrives, joined in prompt order before anything batch-wise (:mod:`.streaming`).
+  Its flight answers the same three questions (``waiting``, ``collect``, ``complete``).
 
 Every send and every completion takes the next number of :attr:`PlanExecutor.events`,
 and each op's span keeps its numbers (``sent``, ``done``) and the call it was sent in
@@ -60,6 +64,7 @@ from .resampling import Refill, ResampleRun
 from .node_metrics import graph_metrics
 from .roles import RoleSpec
 from .spans import Span, SpanRecorder
+from .streaming import start_streamed
 from .topology import Slot, Topology, sync_group, topology
 from .watchdog import Watchdog
 
@@ -104,6 +109,23 @@ class InFlight:
     """The ``run_iteration`` call during which it was sent."""
     sent_at: float = 0.0
     """``time.monotonic()`` when it was sent (the watchdog's report says how long ago)."""
+
+    def waiting(self) -> list:
+        """The handles still to come in."""
+        return [ref for i, ref in enumerate(self.refs) if i not in self.results]
+
+    def collect(self, ex: "PlanExecutor") -> bool:
+        """Fetch the slots' results that are ready; True when all are in. A failed slot raises at once."""
+        waiting = [i for i in range(len(self.refs)) if i not in self.results]
+        for i, ready in zip(waiting, ex.ready([self.refs[i] for i in waiting])):
+            if ready:
+                self.results[i], self.times[i] = ex.fetch(self.refs[i], self.slots[i], f"op {self.op.name!r}")
+        return len(self.results) == len(self.refs)
+
+    def complete(self, ex: "PlanExecutor", iteration: int) -> None:
+        """Merge the slots' results (``finish``) and record the op's spans with the next event number."""
+        self.finish([self.results[i] for i in range(len(self.refs))])
+        ex.record_flight(self, iteration, ex.next_event())
 
 
 @dataclass
@@ -239,6 +261,15 @@ class PlanExecutor(ABC):
     def fetch(self, ref: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]]:
         """The (value, (start, end)) of a ready ref; a slot's failure as a project error naming ``what``."""
 
+    def send_stream(self, slot: Slot, kind: str, *args) -> Any:
+        """Start the generator ``Worker.run_stream(kind, *args)`` on ``slot`` (a streamed op, :mod:`.streaming`); the
+        handle is ready (:meth:`ready`) when its next piece is, which :meth:`next_piece` returns."""
+        raise ExecutionError(f"{type(self).__name__} cannot stream ops; set stream_rollouts=false")
+
+    def next_piece(self, handle: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]] | None:
+        """The next (piece, (start, end)) of a ready stream handle; None when it has ended."""
+        raise ExecutionError(f"{type(self).__name__} cannot stream ops; set stream_rollouts=false")
+
     def check_running(self) -> None:
         """Raise when the workers are gone (RayExecutor after shutdown)."""
 
@@ -327,7 +358,8 @@ class PlanExecutor(ABC):
             raise ExecutionError(f"graph {self.graph.name!r} takes inputs {sorted(expected)}, got {sorted(inputs)}")
         self.check_running()
 
-    def _next_event(self) -> int:
+    def next_event(self) -> int:
+        """The next event number (a send or a completion; :attr:`events`)."""
         self.events += 1
         return self.events
 
@@ -354,15 +386,14 @@ class PlanExecutor(ABC):
                     raise ExecutionError(f"ops {[op.name for op in target.pending]} wait on ops that never run; "
                                          "the plan's deps are broken")
                 break
-            refs = [ref for _, f in flights for i, ref in enumerate(f.refs) if i not in f.results]
+            refs = [ref for _, f in flights for ref in f.waiting()]
             self.wait(refs, self.poll_s)
             if self.watchdog:
                 self.watchdog.check()
             for stream, flight in flights:
-                if self._collect(flight):
+                if flight.collect(self):
                     del stream.inflight[flight.op.name]
-                    flight.finish([flight.results[i] for i in range(len(flight.refs))])
-                    self._record(flight, stream.iteration, self._next_event())
+                    flight.complete(self, stream.iteration)
                     stream.done.add(flight.op.name)
                     if self.watchdog:
                         self.watchdog.op_done(flight.op.name, flight.op.pool, stream.iteration)
@@ -386,7 +417,7 @@ class PlanExecutor(ABC):
                 if self.watchdog:  # a backend that runs ops inline (and the controller) is inside it until it returns
                     self.watchdog.starting(op, stream.iteration)
                 if op.pool is None:
-                    self._run_controller(op, stream)
+                    self.run_controller(op, stream)
                     stream.done.add(op.name)
                     if self.watchdog:
                         self.watchdog.op_done(op.name, None, stream.iteration)
@@ -394,13 +425,13 @@ class PlanExecutor(ABC):
                     progress = True
                 else:
                     try:
-                        flight = OP_SUBMITTERS[op.kind](self, op, stream.state)
+                        flight = start_streamed(self, op, stream) if op.stream else OP_SUBMITTERS[op.kind](self, op, stream.state)
                     except HybridflowError:
                         raise
                     except Exception as err:
                         raise ExecutionError(f"op {op.name!r} (role {op.role!r} on pool {op.pool!r}) could not be sent: "
                                              f"{type(err).__name__}: {err}") from err
-                    flight.sent, flight.call, flight.sent_at = self._next_event(), self.iteration, time.monotonic()
+                    flight.sent, flight.call, flight.sent_at = self.next_event(), self.iteration, time.monotonic()
                     stream.inflight[op.name] = flight
                 if self.watchdog:
                     self.watchdog.sent(op, stream.iteration)
@@ -414,9 +445,10 @@ class PlanExecutor(ABC):
         stream.done.difference_update(o.name for o in again)
         stream.pending[:0] = again
 
-    def _run_controller(self, op: PlanOp, stream: Stream) -> None:
+    def run_controller(self, op: PlanOp, stream: Stream) -> None:
+        """Run controller op ``op`` (a compute node, or a log-prob served from the rollout) here, on ``stream``'s env."""
         node = self.graph.node(op.node)
-        sent = self._next_event()  # it runs here and now: sent and done in one
+        sent = self.next_event()  # it runs here and now: sent and done in one
         with self.recorder.record(op=op.name, node=op.node, kind=node.kind, role=op.role, device=CONTROLLER,
                                   iteration=stream.iteration, sent=sent, done=sent, call=self.iteration):
             try:
@@ -431,28 +463,21 @@ class PlanExecutor(ABC):
                 raise ExecutionError(f"op {op.name!r} (role {op.role!r} on the controller) failed: "
                                      f"{type(err).__name__}: {err}") from err
 
-    def _collect(self, flight: InFlight) -> bool:
-        """Fetch the slots' results that are ready; True when all are in. A failed slot raises at once."""
-        waiting = [i for i in range(len(flight.refs)) if i not in flight.results]
-        for i, ready in zip(waiting, self.ready([flight.refs[i] for i in waiting])):
-            if ready:
-                flight.results[i], flight.times[i] = self.fetch(flight.refs[i], flight.slots[i], f"op {flight.op.name!r}")
-        return len(flight.results) == len(flight.refs)
-
     # -- spans ---------------------------------------------------------------------------------------
-    def _clock(self, wall: float) -> float:
+    def clock(self, wall: float) -> float:
         """A wall-clock time of a worker on the recorder's clock."""
         return wall - (time.time() - self.recorder.now())
 
-    def _record(self, flight: InFlight, iteration: int, done: int) -> None:
+    def record_flight(self, flight: InFlight, iteration: int, done: int) -> None:
+        """The spans of a finished flight: one per slot (``worker_spans``) and one for its pool (the recorder)."""
         op = flight.op
         fields = dict(op=op.name, node=op.node, kind=flight.kind, role=op.role, iteration=iteration,
                       sent=flight.sent, done=done, call=flight.call)
         for i, slot in enumerate(flight.slots):
             start, end = flight.times[i]
-            self.worker_spans.append(Span(device=slot.name, start=self._clock(start), end=self._clock(end), **fields))
+            self.worker_spans.append(Span(device=slot.name, start=self.clock(start), end=self.clock(end), **fields))
         starts, ends = zip(*flight.times.values())
-        self.recorder.add(Span(device=op.pool, start=self._clock(min(starts)), end=self._clock(max(ends)), **fields))
+        self.recorder.add(Span(device=op.pool, start=self.clock(min(starts)), end=self.clock(max(ends)), **fields))
 
     def trace_spans(self) -> list[Span]:
         """Per-op spans (one track per pool and the controller) and per-worker spans (one track per slot)."""

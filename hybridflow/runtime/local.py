@@ -68,6 +68,20 @@ class LocalExecutor(PlanExecutor):
         except Exception as err:  # raised by fetch, where the op is named
             return _Done(error=err)
 
+    def send_stream(self, slot: Slot, kind: str, *args) -> _Done:
+        """The worker's generator; each :meth:`next_piece` runs it in this thread up to its next piece."""
+        return _Done(self.slots[slot.name].run_stream(kind, *args))
+
+    def next_piece(self, handle: _Done, slot: Slot, what: str) -> tuple[Any, tuple[float, float]] | None:
+        try:
+            return next(handle.value)
+        except StopIteration:
+            return None
+        except HybridflowError:
+            raise
+        except Exception as err:
+            raise ExecutionError(f"{what} failed on {slot.describe()}: {type(err).__name__}: {err}") from err
+
     def wait(self, refs: list, timeout: float) -> None:
         pass
 

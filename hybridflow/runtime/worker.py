@@ -38,7 +38,7 @@ import datetime
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -172,6 +172,15 @@ class Worker:
         result = getattr(self, kind)(*args)
         return result, (start, time.time())
 
+    def run_stream(self, kind: str, *args) -> Iterator[tuple[Any, tuple[float, float]]]:
+        """``self.<kind>(*args)``, a generator, one ``(piece, (start, end))`` per piece it yields: each piece timed
+        from the end of the one before (the streamed ops of :mod:`.streaming`)."""
+        start = time.time()
+        for piece in getattr(self, kind)(*args):
+            end = time.time()
+            yield piece, (start, end)
+            start = time.time()
+
     def engines_for(self, role: str, need: str) -> RoleEngines:
         """``role``'s engines, which must include a ``need`` engine (train, rollout, reward) and be resident
         (not offloaded); an ExecutionError naming the role otherwise."""
@@ -199,14 +208,7 @@ class Worker:
         """Responses to ``prompts``; with ``agent`` (a node's env settings), multi-turn trajectories. Rank r of a
         data-parallel pool samples with ``seed + r * SEED_STRIDE``."""
         rollout = self.engines_for(role, "rollout").rollout
-        overrides = dict(overrides)
-        seed = overrides.get("seed")
-        if seed is None:
-            seed = rollout.sampling.seed
-        if seed is not None and self.slot.rank:
-            overrides["seed"] = seed + self.slot.rank * SEED_STRIDE
-        params = rollout.sampling.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-        params = SamplingParams.model_validate(params.model_dump())
+        params = self._sampling(rollout, overrides)
         if agent is None:
             return rollout.generate(prompts, params)
         if not hasattr(rollout, "generate_agentic"):
@@ -214,6 +216,26 @@ class Worker:
                              f"agent loop (hf, vllm); {type(rollout).__name__} has none")
         host = {"envs": self.env_hosts[role]} if role in self.env_hosts else {}
         return rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)), **host)
+
+    def _sampling(self, rollout: Any, overrides: Mapping[str, object]) -> SamplingParams:
+        """The engine's sampling with a node's ``overrides`` on top (rank r: ``seed + r * SEED_STRIDE``)."""
+        overrides = dict(overrides)
+        seed = overrides.get("seed")
+        if seed is None:
+            seed = rollout.sampling.seed
+        if seed is not None and self.slot.rank:
+            overrides["seed"] = seed + self.slot.rank * SEED_STRIDE
+        params = rollout.sampling.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+        return SamplingParams.model_validate(params.model_dump())
+
+    def generate_stream(self, role: str, prompts: Batch, overrides: Mapping[str, object]) -> Iterator[tuple[torch.Tensor, Batch]]:
+        """:meth:`generate` in pieces as prompt groups finish (a plan op with ``stream``; the engine's
+        ``generate_stream``): yields ``(rows, piece)``, ``rows`` the rows of this slot's whole result in ``piece``."""
+        rollout = self.engines_for(role, "rollout").rollout
+        if not hasattr(rollout, "generate_stream"):
+            raise ExecutionError(f"role {role!r}: streamed generation (stream_rollouts) needs a rollout engine that "
+                                 f"yields finished groups (hf); {type(rollout).__name__} has none. Set stream_rollouts=false")
+        yield from rollout.generate_stream(prompts, self._sampling(rollout, overrides))
 
     def attach_envs(self, role: str, host: Any) -> None:
         """Run ``role``'s environments where ``host`` (an agent_loop.EnvHost: the plan's environment pool) puts them."""

@@ -89,6 +89,10 @@ def plan_for_run(config: PPOConfig, spec: RunSpec) -> ExecutionPlan:
         if engines and "rollout_engine" in config.model_fields_set:
             raise PlanError(f"plan {config.plan!r} generates with rollout engine {', '.join(sorted(engines))}, the config "
                             f"asks for {config.rollout_engine!r}; drop one of them")
+        if config.stream_rollouts:  # streaming is how the plan's generate ops run, not where: a plan file takes it too
+            from ..runtime.streaming import mark_streaming
+
+            plan = mark_streaming(plan)
         return bind(plan, spec.machine)
     report = spec.compile()
     log.info("compiled %s for %s in %.2f s: %s, predicted %.3g s per step", spec.graph.name, spec.machine.describe(),

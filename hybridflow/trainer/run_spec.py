@@ -21,6 +21,8 @@ Python trainers all go through :func:`derive`, so a plan compiled ahead of time 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 from dataclasses import dataclass
@@ -91,6 +93,8 @@ class RunSpec:
     placement: Any
     staleness: int
     allow_uncorrected_staleness: bool = False
+    stream_rollouts: bool = False
+    """Mark the plan's generate ops streamed (:func:`hybridflow.runtime.streaming.mark_streaming`)."""
 
     @property
     def calibrated(self) -> bool:
@@ -107,10 +111,15 @@ class RunSpec:
     def compile(self, *, debug: bool | None = None, hooks: tuple = (), bound: bool = True) -> CompileReport:
         """Compile the graph for the machine with this spec and bind it: the report's plan is the one a run executes
         (``bound=False``: left unbound, for a cluster preset that is not this machine)."""
-        return compile_report_for(self.graph, self.model_specs(), machine=self.machine, cluster=self.cluster,
-                                  placement=self.placement, staleness=self.staleness, batch=self.batch,
-                                  options=self.options, engines=self.train_engines, debug=debug, hooks=hooks,
-                                  bound=bound, allow_uncorrected_staleness=self.allow_uncorrected_staleness)
+        report = compile_report_for(self.graph, self.model_specs(), machine=self.machine, cluster=self.cluster,
+                                    placement=self.placement, staleness=self.staleness, batch=self.batch,
+                                    options=self.options, engines=self.train_engines, debug=debug, hooks=hooks,
+                                    bound=bound, allow_uncorrected_staleness=self.allow_uncorrected_staleness)
+        if self.stream_rollouts:
+            from ..runtime.streaming import mark_streaming
+
+            report = dataclasses.replace(report, plan=mark_streaming(report.plan))
+        return report
 
 
 def model_sources(config: PPOConfig, graph: Graph, actor_path: str, reward_source: Any = None) -> dict[str, str | None]:
@@ -243,7 +252,8 @@ def derive(config: PPOConfig, graph: Graph, machine: Machine, inputs: RunInputs,
     return RunSpec(graph=graph, machine=machine, models=models, batch=batch, responses=responses,
                    rollout_engine=config.rollout_engine, train_engines=RUNTIME_TRAIN_ENGINES, options=options,
                    cluster=cluster, profiles=profiles, placement=_placement(config, graph, machine),
-                   staleness=config.staleness, allow_uncorrected_staleness=config.allow_uncorrected_staleness)
+                   staleness=config.staleness, allow_uncorrected_staleness=config.allow_uncorrected_staleness,
+                   stream_rollouts=config.stream_rollouts)
 
 
 def set_process_threads(config: PPOConfig, machine: Machine) -> None:

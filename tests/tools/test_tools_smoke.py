@@ -7,8 +7,8 @@ the flags allow, and each test checks what the tool printed or wrote, never how 
 
 Not run for real here, and why (each still gets ``--help``):
 
-* The Ray benchmarks (bench_checkpoint, bench_dispatch, bench_overlap, bench_weight_sync, and
-  bench_placements' Ray rows): a Ray instance and its worker processes, each importing torch, cost
+* The Ray benchmarks (bench_checkpoint, bench_dispatch, bench_overlap, bench_weight_sync, bench_streaming's
+  default, and bench_placements' Ray rows): a Ray instance and its worker processes, each importing torch, cost
   ~85 s of CPU for bench_overlap's smallest run on 2 cores, several times this file's budget. Their
   set-up before Ray (the plans of the default form compile and bind on this machine: where three of
   them used to fail) is run instead.
@@ -45,7 +45,7 @@ SCRIPTS = (
     "bench_agent_calc.py", "bench_agent_rollout.py", "sandbox_faults.py",
     "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "compare_verl_corrections.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
-    "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
+    "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
 )

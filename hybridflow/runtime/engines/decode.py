@@ -80,7 +80,7 @@ class _HFStepper:
         return logits
 
 
-def _prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int,
+def prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int,
              path: str):
     """The prompt's forward once, then what feeds one token at a time to ``n`` copies of each row.
 
@@ -124,7 +124,7 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.
     if path not in PATHS:
         raise ExecutionError(f"decode: path must be one of {PATHS}, got {path!r}")
     device, steps = prompt_ids.device, params.max_new_tokens
-    logits, stepper = _prefill(model, prompt_ids, prompt_mask, params.n, steps, path)
+    logits, stepper = prefill(model, prompt_ids, prompt_mask, params.n, steps, path)
     b = logits.shape[0]
     stops = torch.tensor(sorted({*eos_token_ids, pad_token_id}), dtype=torch.long, device=device)
     tokens = torch.full((b, steps), pad_token_id, dtype=torch.long, device=device)

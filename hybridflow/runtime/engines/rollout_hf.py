@@ -22,7 +22,7 @@ sampling randomness is one ``torch.Generator`` per seed, which
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -34,6 +34,7 @@ from .agent_loop import AgentParams, EnvHost, agent_rollout, hf_turn_decoder
 from .decode import decode
 from .lean_decode import supports_lean
 from .sampling import SamplingParams
+from .stream_decode import decode_groups
 from .text import decode_responses
 
 __all__ = ["HFRolloutEngine"]
@@ -118,6 +119,41 @@ class HFRolloutEngine:
                                                    self.eos_token_ids)
         repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         return repeated.with_fields(**fields)
+
+    def generate_stream(self, batch: Batch, sampling: SamplingParams | None = None) -> Iterator[tuple[torch.Tensor, Batch]]:
+        """:meth:`generate` in pieces, each prompt group as soon as its ``n`` responses have ended
+        (:func:`.stream_decode.decode_groups`): yields ``(rows, piece)``, ``rows`` int64 ``(k,)`` the rows of
+        :meth:`generate`'s result that ``piece`` holds (whole groups, ascending).
+
+        The same tokens as :meth:`generate` with the same generator state: the pieces put back in row order
+        are its result, and the generator ends in the same state.
+        """
+        params = sampling or self.sampling
+        if "prompt_ids" not in batch or "prompt_mask" not in batch:
+            raise ExecutionError(f"generate needs prompt_ids and prompt_mask in the batch; it has {batch.keys()}")
+        generator = self._generator(params.seed)
+        repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
+        switch = self.model.training and not supports_lean(self.model)
+        if switch:
+            self.model.eval()
+        try:
+            start = 0
+            for micro in self._pieces(batch, params.n):
+                for rows, out in decode_groups(self.model, micro["prompt_ids"].to(self.device),
+                                               micro["prompt_mask"].to(self.device), params,
+                                               eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                               generator=generator):
+                    fields = {"response_ids": out.response_ids, "response_mask": out.response_mask,
+                              "rollout_log_probs": out.log_probs}
+                    if self.tokenizer is not None:
+                        fields["responses"] = decode_responses(self.tokenizer, out.response_ids, out.response_mask,
+                                                               self.eos_token_ids)
+                    rows = rows + start
+                    yield rows, repeated[rows].with_fields(**fields)
+                start += len(micro) * params.n
+        finally:
+            if switch:
+                self.model.train()
 
     def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams,
                          envs: EnvHost | None = None) -> Batch:

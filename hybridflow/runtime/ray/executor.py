@@ -261,6 +261,19 @@ class RayExecutor(PlanExecutor):
         except Exception as err:
             raise self._failure(what, slot, err) from None
 
+    def send_stream(self, slot: Slot, kind: str, *args) -> Any:
+        """A Ray streaming generator over ``Worker.run_stream(kind, *args)``: its pieces arrive as they are yielded."""
+        return self.actor(slot).run_stream.options(num_returns="streaming").remote(kind, *args)
+
+    def next_piece(self, handle: Any, slot: Slot, what: str) -> tuple[Any, tuple[float, float]] | None:
+        try:
+            ref = next(handle)
+        except StopIteration:
+            return None
+        except Exception as err:
+            raise self._failure(what, slot, err) from None
+        return self.fetch(ref, slot, what)
+
     def worker_stacks(self, slots, timeout_s: float) -> dict[str, dict[str, str]]:
         refs = {s.name: self.actor(s).stacks.options(concurrency_group=WATCH_GROUP).remote()
                 for s in slots if s.name in self._actors}
