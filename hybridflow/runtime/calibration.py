@@ -20,8 +20,13 @@ runs the runtime's engines, so it lives here:
   and once ``train_split_s``: the update of the largest batch in ``split_micro_batches`` micro-batches. Each
   figure is the median of ``repeats`` runs after one warm-up run; the runs go round-robin over all the figures,
   so that a burst of other work on a shared machine spoils one run of several figures rather than every run of
-  one.
-- :func:`cached_profile` reads a profile from the cache or measures and stores it, per load level;
+  one. With ``depths`` (the quick profile, :func:`quick_settings`) it measures copies of the model that many
+  layers deep instead, each built once with one train engine for all batch sizes, and extrapolates every model
+  figure to the model's depth (:func:`extrapolate`); all of it is freed before it returns, so that the run's own
+  models are the largest thing the process holds.
+- :func:`cached_profile` reads a profile from the cache or measures and stores it, per load level; a level
+  without one borrows the nearest level's, which the run's drift check then keeps for it or drops
+  (:func:`settle_profile`, :mod:`hybridflow.trainer.calibration_check`);
 - :func:`run_profiles` profiles every model folder of a run (cached), :func:`calibrate` fits the cluster to them.
 """
 from __future__ import annotations
