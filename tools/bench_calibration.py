@@ -77,6 +77,33 @@ def _measure(spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def extrapolation(model: Path, threads: int, rounds: int) -> None:
+    """Print each figure of the quick profile (shallow copies, extrapolated) over the same figure measured on the
+    whole model at the same batch sizes: how far the extrapolation is from a measurement (medians over rounds,
+    the two profiles alternating)."""
+    from hybridflow.compiler.profiling import load_model_config
+    from hybridflow.runtime.calibration import profile_model, quick_settings
+
+    settings = quick_settings(load_model_config(model)[0])
+    if not settings["depths"]:
+        print(f"extrapolation: the model is no deeper than {2} layers: the quick profile measures it whole")
+        return
+    ratios: dict[str, list[float]] = {}
+    for r in range(rounds):
+        both = {}
+        for depths in ((settings["depths"], None) if r % 2 == 0 else (None, settings["depths"])):
+            both[depths is None] = profile_model(model, threads=threads, batch_sizes=settings["batch_sizes"], depths=depths)
+        quick, whole = both[False], both[True]
+        for name in ("forward_s", "train_s", "prefill_s", "generate_s"):
+            for b, q, w in zip(quick.batch_sizes, getattr(quick, name), getattr(whole, name)):
+                ratios.setdefault(f"{name[:-2]} b={b}", []).append(q / w)
+        ratios.setdefault("train_split", []).append(quick.train_split_s / whole.train_split_s)
+        print(f"round {r + 1}: quick profile {quick.seconds:.1f} s, whole model {whole.seconds:.1f} s", flush=True)
+    print(f"\nquick (layers {settings['depths']} extrapolated to {quick.model.layers}) / whole model, same batch sizes, "
+          f"median over {rounds} round(s):")
+    print("  " + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in ratios.items()))
+
+
 def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -93,6 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--group", type=int, default=8, help="responses per prompt")
     p.add_argument("--new-tokens", type=int, default=8, help="response length limit")
     p.add_argument("--out", type=Path, default=None, help="folder for the model and the runs (default: a temporary one)")
+    p.add_argument("--extrapolation", action="store_true",
+                   help="instead: compare the quick profile's extrapolated figures with the whole model measured at the "
+                        "same batch sizes, in this process (--rounds alternating pairs)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -106,6 +136,11 @@ def main(argv=None) -> int:
         p.error("--rounds must be >= 1 and --steps >= 0")
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_calibration-"))
     model = _model(args.size, out / f"model_{args.size}")
+    if args.extrapolation:
+        load_before = _load()
+        extrapolation(model, args.threads, args.rounds)
+        print(f"load average before: {load_before}; after: {_load()} (on {os.cpu_count()} cores)")
+        return 0
     load_before = _load()
     results: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):

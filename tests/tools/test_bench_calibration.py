@@ -28,3 +28,9 @@ def test_unknown_modes_are_refused(capsys):
     with pytest.raises(SystemExit):
         module.main(["--modes", "off,fast"])
     assert "unknown ['fast']" in capsys.readouterr().err
+
+
+def test_the_extrapolation_check_says_when_the_model_is_measured_whole(tmp_path, capsys):
+    module = load_file(TOOL, "bench_calibration")
+    assert module.main(["--extrapolation", "--out", str(tmp_path)]) == 0  # the tiny model: 2 layers
+    assert "measures it whole" in capsys.readouterr().out
