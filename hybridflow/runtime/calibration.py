@@ -316,6 +316,10 @@ def cached_profile(model: str | os.PathLike | Mapping, device: str = "cpu", thre
                 log.info("calibrate: no profile of %s at load level %d yet: the one measured at level %d is used, and "
                          "checked against the first steps", source, stored.used_at_level, stored.cache_level)
             return stored.model_copy(update={"source": source, "cache_key": key}), True
+    marker = _drifted_file(key, load_level(busy))
+    if cache and settings.get("depths") and marker.is_file() and marker.read_text(encoding="utf-8").startswith("whole"):
+        log.info("calibrate: the extrapolated profile of %s drifted at this load level: measuring the whole model", source)
+        settings = {**settings, "depths": None}  # stored under the quick key: this level's quick profile, measured whole
     meter = OtherLoad()
     profile = profile_model(model, device=device, threads=used_threads, **settings)
     during = meter.cores()
@@ -336,7 +340,8 @@ def settle_profile(profile: Profile, drifted: bool) -> str | None:
 
     Held (``drifted`` False): a profile borrowed from another load level is stored for the run's level too, which
     then reads it without measuring. Drifted: a borrowed profile's level is marked to measure its own, a profile of
-    the run's own level is dropped; the next start measures this machine again either way.
+    the run's own level is dropped; the next start measures this machine again either way, the whole model when the
+    dropped profile was extrapolated from shallow copies (:func:`extrapolate` did not hold on this machine).
     """
     if not profile.cache_key or profile.cache_level is None:
         return None
@@ -351,6 +356,11 @@ def settle_profile(profile: Profile, drifted: bool) -> str | None:
         return f"the profile of load level {measured_at} holds at level {profile.used_at_level}: kept for it"
     if drifted:
         _level_file(key, measured_at).unlink(missing_ok=True)
+        if profile.model.layers > QUICK_DEPTHS[-1]:  # a model the quick profile extrapolates: measured whole next
+            _write(_drifted_file(key, measured_at), f"whole: level {measured_at}'s profile drifted\n")
+            how = f"extrapolated from {profile.measured_layers} layers" if profile.measured_layers else "the whole model"
+            return (f"the profile of load level {measured_at} ({how}) no longer holds: dropped, the next start "
+                    "measures the whole model")
         _write(_drifted_file(key, measured_at), f"level {measured_at}'s own profile drifted\n")
         return f"the profile of load level {measured_at} no longer holds: dropped, the next start measures again"
     return None

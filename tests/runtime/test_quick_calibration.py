@@ -160,3 +160,31 @@ def test_check_calibration_settles_the_runs_profiles(tmp_path, monkeypatch):
     _, cached = cached_profile(model, threads=1, busy=0.0)  # dropped: measured again
     assert not cached and len(measured) == 2
     assert settle_profile(own.model_copy(update={"cache_key": ""}), drifted=True) is None
+
+
+def test_an_extrapolated_profile_that_drifts_at_home_has_the_next_start_measure_the_whole_model(tmp_path, monkeypatch):
+    import hybridflow.runtime.calibration as calibration
+
+    asked = []
+
+    def fake(model, device="cpu", threads=None, depths=None, **settings):
+        asked.append(depths)
+        return _rule_profile(_model(8)).model_copy(update={"threads": threads, "measured_layers": tuple(depths or ())})
+
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibration, "profile_model", fake)
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "intermediate_size": 1024, "vocab_size": 25}))
+    quick, _ = cached_profile(folder, threads=1, busy=0.0)
+    assert asked == [(1, 2)] and quick.measured_layers == (1, 2)
+    assert "measures the whole model" in settle_profile(quick, drifted=True)
+    whole, cached = cached_profile(folder, threads=1, busy=0.0)
+    assert not cached and asked == [(1, 2), None] and whole.measured_layers == ()
+    again, cached = cached_profile(folder, threads=1, busy=0.0)  # the whole model's profile is this level's now
+    assert cached and again.measured_layers == () and len(asked) == 2
+    assert "measures the whole model" in settle_profile(again, drifted=True)  # measured whole again, not extrapolated
+    cached_profile(folder, threads=1, busy=0.0)
+    assert asked == [(1, 2), None, None]
