@@ -45,9 +45,10 @@ SCRIPTS = (
     "bench_agent_calc.py", "bench_agent_rollout.py", "sandbox_faults.py",
     "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
-    "bench_calibration.py", "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
+    "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
+    "bench_calibration.py",
 )
 """The Python scripts with a command line: ``main(argv)``."""
 MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/parity.py", "bench_trl/speed_table.py",
