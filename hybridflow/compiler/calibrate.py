@@ -62,7 +62,7 @@ FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward
                  "decode_step_overhead_s", "op_overhead_s")
 """The ClusterSpec fields :func:`calibrated_cluster` sets."""
 
-PROFILE_FORMAT = 3
+PROFILE_FORMAT = 4
 """Part of the cache key: bump it when what profile_model measures changes."""
 
 def load_level(busy: float, cores: int | None = None) -> int:

@@ -46,6 +46,16 @@ class Profile(BaseModel):
     seconds: float = Field(0.0, description="Wall time the profiling took (not counting the cache).")
     busy_cores: float = Field(0.0, ge=0.0, description="Cores other processes kept busy just before measuring "
                               "or while it ran, the larger (hybridflow.runtime.threads): the load the figures were taken under.")
+    measured_layers: tuple[int, ...] = Field((), description="The depths of the copies of the model that were measured, "
+                                             "each figure extrapolated linearly in the layer count to the model's own "
+                                             "depth (hybridflow.runtime.calibration.extrapolate); empty: the whole model was measured.")
+    cache_key: str = Field("", description="The calibration cache's key of this profile (without the load level); "
+                           "empty for a profile that did not go through the cache.")
+    cache_level: int | None = Field(None, description="The load level of the cache entry this profile was read from or "
+                                    "stored under; None: not through the cache.")
+    used_at_level: int | None = Field(None, description="Set on a profile read from the cache for a run at another load "
+                                      "level than it was measured at: that run's level (the first steps' drift check "
+                                      "confirms the profile for it or has it measured again).")
 
     @property
     def seq_len(self) -> int:

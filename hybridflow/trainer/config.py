@@ -185,6 +185,8 @@ class PPOConfig(BaseModel):
     allow_uncorrected_staleness: bool = Field(False, description="staleness > 0: compile and run an algorithm whose policy-gradient loss has no off-policy correction anyway (a warning; the gradient is biased by the one-update-old rollout). For runs about scheduling, not learning.")
     plan: str | None = Field(None, description="A plan file to run exactly, instead of compiling one: from 'hybridflow compile CONFIG.yaml [key=value ...] --cluster local -o PLAN.json' (the plan this config compiles) or a run's plan.json; its graph must be the one this config builds, and this machine must have its devices.")
     calibrate: bool = Field(True, description="Profile the run's models on this machine before compiling (a few seconds, cached under ~/.cache/hybridflow or HYBRIDFLOW_CACHE), so the plan's predicted times are this machine's; False: datasheet figures.")
+    calibrate_quick: bool = Field(True, description="calibrate: profile a model deeper than 2 layers as copies 1 and 2 layers deep, extrapolated to its depth, at batch sizes sized to the model (seconds, and less memory than the run: about 2.5 s of CPU and 0.1 GB on the ~8M model, one thread); False: the whole model at batch sizes 16, 128 and 512 (about 60 s of CPU and 2.1-2.4 GB on the ~8M model).")
+    calibrate_drift: float | None = Field(0.5, gt=0.0, description="calibrate: after steps 1-3 (step 0 warms up) the median step time is compared with the plan's prediction; beyond a factor of 1 + calibrate_drift either way the cached profile is dropped (or, one borrowed from another load level, not kept for this one) and the next start measures again; within it, a profile borrowed from another load level is kept for this level too. None: no check (a profile is then measured at each load level).")
     cpu_slots: int | None = Field(None, ge=1, description="Without a GPU: how many device slots the CPU is cut into (each a share of the cores; on Ray one process per slot). None: 1 for executor='local', min(4, cores) on Ray.")
     env_workers: int = Field(2, ge=1, description="Multi-turn rollouts (a generate node with env=): the environment worker processes of each generating role's environment pool (the plan's `env` pool: on Ray, actors on host CPUs that hold whole samples' environments and step them on threads; locally the rollout worker's threads). The compiler prices tool time over them.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None: torch's default.")
@@ -354,7 +356,7 @@ ROLE_SOURCE_FIELDS: dict[str, str] = {"cost_fn": "cost", "cost_model_name": "cos
 RUN_CONTROL_FIELDS = frozenset({
     "max_steps", "max_time_s", "output_dir", "log_every", "resume", "keep_checkpoints", "save_freq", "eval_freq", "trackers",
     "progress_bar", "project_name", "experiment_name", "num_threads", "max_nan_steps", "stop_at_val_score",
-    "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "check_contracts",
+    "max_restarts", "overwrite", "save_on_interrupt", "placement", "cpu_slots", "plan", "calibrate", "calibrate_quick", "calibrate_drift", "check_contracts",
     "imports", "ray_address", "trajectory_log_samples", "record_hashes", "check_determinism", "hang_timeout_s", "on_hang",
 })
 """Fields that may change when a run is resumed (they steer the loop, not what is learned); left out of the hash."""

@@ -217,7 +217,7 @@ def _calibration(config: PPOConfig, machine: Machine, models: Mapping[str, RoleM
         # the threads the slots will run with: locally this process's (set_process_threads chose them); on Ray the slot's
         used = config.num_threads or (threads if config.executor == "local" else machine.threads_per_slot)
         try:
-            profiles = tuple(run_profiles(folders, device=device, threads=used))
+            profiles = tuple(run_profiles(folders, device=device, threads=used, quick=config.calibrate_quick))
         finally:
             torch.set_num_threads(threads)
     return calibrated_cluster(machine.cluster(), [p for p, _ in profiles], options), profiles

@@ -82,6 +82,8 @@ class Trainer:
         self._ahead: tuple[list[dict], Any] | None = None
         """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
         self._validation_plan = None
+        self.calibration_check = None
+        """The drift check of the run's calibration once steps 1-3 ran (:mod:`.calibration_check`), else None."""
         self.value_hashes = None
         """With ``record_hashes``: the digests of every step's node outputs (:class:`~.run_record.ValueHashes`)."""
         self.determinism: str | None = None
@@ -338,6 +340,13 @@ class Trainer:
         ops = {n.name: n.op for n in self.graph.nodes}
         metrics = dict(result.metrics)
         metrics.update(timing_metrics(self.executor.recorder.spans[first_span:], role_kinds, ops))
+        if self.calibration_check is None:
+            from .calibration_check import check_calibration
+
+            self.calibration_check = check_calibration(self.plan, self.executor.recorder.spans, self.run_spec.profiles,
+                                                       self.config.calibrate_drift)
+            if self.calibration_check is not None:
+                metrics["calibration/measured_over_predicted"] = self.calibration_check.ratio
         tokens = sum(float(b["response_mask"].sum()) for n, b in result.env.items()
                      if n != "prompts" and "response_mask" in b.tensors.keys())
         metrics["timing_s/step"] = elapsed

@@ -14,7 +14,7 @@ from hybridflow.algorithms import ALGORITHMS
 from hybridflow.cli import main
 from hybridflow.compiler import ClusterSpec, ModelSpec
 from hybridflow.compiler.calibrate import FITTED_FIELDS, Profile, calibrated_cluster, engine_cost_options, fit_line, load_level
-from hybridflow.runtime.calibration import cached_profile, calibrate, profile_model
+from hybridflow.runtime.calibration import cached_profile, calibrate, profile_model, settle_profile
 from hybridflow.compiler.cluster import CLUSTER_PRESETS, GIB
 from hybridflow.compiler.compile import compile
 from hybridflow.compiler.cost import CostOptions, Generate, Infer, Update, estimate
@@ -214,23 +214,40 @@ def test_cache_round_trips_and_is_keyed_by_threads(tmp_path, fake_profiler):
     assert not cached and len(fake_profiler) == 3
 
 
-def test_each_load_level_has_its_own_profile(tmp_path, fake_profiler):
+def test_a_load_level_without_a_profile_borrows_the_nearest_until_the_drift_check_says_otherwise(tmp_path, fake_profiler):
     model = _model_dir(tmp_path)
     first, _ = cached_profile(model, threads=1, busy=1.6)  # measured beside a neighbour using 1.6 cores
-    assert first.busy_cores == 1.6
-    _, cached = cached_profile(model, threads=1, busy=1.8)  # the same level (2 cores busy): reused
+    assert first.busy_cores == 1.6 and first.used_at_level is None and first.cache_key
+    _, cached = cached_profile(model, threads=1, busy=1.8)  # the same level (2 cores busy): its own
     assert cached and len(fake_profiler) == 1
-    idle, cached = cached_profile(model, threads=1, busy=0.1)  # the neighbour is gone: measured for idle
-    assert not cached and len(fake_profiler) == 2 and idle.busy_cores == 0.1
-    _, cached = cached_profile(model, threads=1, busy=0.0)
+    borrowed, cached = cached_profile(model, threads=1, busy=0.1)  # idle: level 2's profile, marked for the check
+    assert cached and len(fake_profiler) == 1 and borrowed.used_at_level == 0 and borrowed.busy_cores == 1.6
+    assert "does not hold at level 0" in settle_profile(borrowed, drifted=True)
+    idle, cached = cached_profile(model, threads=1, busy=0.0)  # drifted here: level 0 measures its own
+    assert not cached and len(fake_profiler) == 2 and idle.busy_cores == 0.0 and idle.used_at_level is None
+    _, cached = cached_profile(model, threads=1, busy=0.2)
     assert cached and len(fake_profiler) == 2
     again, cached = cached_profile(model, threads=1, busy=1.7)  # the neighbour is back: its profile is still there
     assert cached and again == first and len(fake_profiler) == 2
 
 
-def test_a_neighbour_that_starts_while_profiling_is_recorded_and_an_idle_run_measures_again(tmp_path, monkeypatch):
+def test_a_borrowed_profile_that_holds_is_kept_for_the_level_and_one_that_drifts_at_home_is_dropped(tmp_path, fake_profiler):
+    model = _model_dir(tmp_path)
+    cached_profile(model, threads=1, busy=2.0)
+    borrowed, _ = cached_profile(model, threads=1, busy=1.0)
+    assert borrowed.used_at_level == 1 and "holds at level 1" in settle_profile(borrowed, drifted=False)
+    own, cached = cached_profile(model, threads=1, busy=1.0)  # now level 1's own: no further check needed
+    assert cached and own.used_at_level is None and settle_profile(own, drifted=False) is None
+    assert "dropped" in settle_profile(own, drifted=True)
+    _, cached = cached_profile(model, threads=1, busy=1.0)  # measured again, not borrowed from level 2 again
+    assert not cached and len(fake_profiler) == 2
+    assert settle_profile(_profile(**_times(CPU)), drifted=True) is None  # a profile that never went through the cache
+
+
+def test_a_neighbour_that_starts_while_profiling_is_recorded_and_an_idle_run_checks_it(tmp_path, monkeypatch):
     """The load check before profiling saw an idle machine, but a neighbour used a core while the profile ran
-    (runs started together): the profile must not be taken for an idle one later."""
+    (runs started together): the profile is stored as one of the higher load, and an idle run later only borrows it
+    (for its drift check), never takes it for its own level's."""
     if not os.path.exists("/proc/stat"):
         pytest.skip("no /proc/stat: the load while profiling cannot be measured")
     calls = []
@@ -247,7 +264,10 @@ def test_a_neighbour_that_starts_while_profiling_is_recorded_and_an_idle_run_mea
     model = _model_dir(tmp_path)
     loaded, cached = cached_profile(model, threads=1, busy=0.0)
     assert not cached and loaded.busy_cores >= 0.6
-    _, cached = cached_profile(model, threads=1, busy=0.0)  # idle now: measured again, not reused
+    borrowed, cached = cached_profile(model, threads=1, busy=0.0)  # idle now: borrowed, to be checked
+    assert cached and borrowed.used_at_level == 0 and len(calls) == 1
+    settle_profile(borrowed, drifted=True)
+    _, cached = cached_profile(model, threads=1, busy=0.0)
     assert not cached and len(calls) == 2
 
 

@@ -48,6 +48,7 @@ SCRIPTS = (
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
+    "bench_calibration.py",
 )
 """The Python scripts with a command line: ``main(argv)``."""
 MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/parity.py", "bench_trl/speed_table.py",

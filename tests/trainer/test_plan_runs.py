@@ -103,11 +103,23 @@ def test_staleness_on_the_local_executor_is_a_named_error(fast_config, tmp_path)
         _run(fast_config, tmp_path, "stale", placement="split", staleness=1, allow_uncorrected_staleness=True, cpu_slots=2)
 
 
-def test_calibrated_plan_predicts_this_machine(fast_config, tmp_path):
-    trainer, _ = _run(fast_config, tmp_path, "calibrated", calibrate=True)
+def test_calibrated_plan_predicts_this_machine_and_checks_itself_after_its_first_steps(fast_config, tmp_path, monkeypatch):
+    from hybridflow.runtime.calibration import _level_file
+    from hybridflow.trainer.calibration_check import CHECK_STEPS, drift_check
+
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))  # an empty cache: this run measures
+    trainer, history = _run(fast_config, tmp_path, "calibrated", calibrate=True, max_steps=CHECK_STEPS + 1)
     uncalibrated, _ = _run(fast_config, tmp_path, "datasheet")
     assert trainer.plan.predicted_iteration_s != uncalibrated.plan.predicted_iteration_s
     assert all(op.predicted_end_s > op.predicted_start_s for op in trainer.plan.ops if op.kind == "node")
+    # the drift check ran once its steps were recorded, on those steps, and the cache follows its verdict
+    verdict = trainer.calibration_check
+    assert verdict == drift_check(trainer.plan, trainer.executor.recorder.spans, trainer.config.calibrate_drift)
+    assert [("calibration/measured_over_predicted" in m) for m in history] == [False] * CHECK_STEPS + [True]
+    (profile, cached), = trainer.run_spec.profiles
+    assert not cached and profile.measured_layers == () and profile.cache_level is not None  # 2 layers: measured whole
+    assert _level_file(profile.cache_key, profile.cache_level).is_file() == (not verdict.drifted)
+    assert uncalibrated.calibration_check is None
 
 
 def test_the_rollout_pools_copy_samples_with_the_trained_weights_after_validation(fast_config, tmp_path):
