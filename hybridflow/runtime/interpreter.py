@@ -141,6 +141,9 @@ class Stream:
     """The graph inputs this stream works on (a generation ahead is matched to the next call's inputs)."""
     resample: ResampleRun | None = None
     """The graph's dynamic-sampling region, when it has one."""
+    submitters: dict[str, Callable[["PlanExecutor", PlanOp, IterationState], "InFlight"]] = field(default_factory=dict)
+    """Op name -> how this stream sends that op, in place of :data:`OP_SUBMITTERS` (partial rollouts send a
+    generation in segments: :mod:`.partial`)."""
 
     @property
     def finished(self) -> bool:
@@ -242,6 +245,9 @@ class PlanExecutor(ABC):
         """Staleness 1: the next iteration's generation, left in flight by the last call (:mod:`.overlap`)."""
         self.watchdog: Watchdog | None = None
         """Reports (and stops, as configured) a plan run in which no op completes for a while (:mod:`.watchdog`)."""
+        self.partial_rollouts = None
+        """Staleness >= 1: what happens to a generation in flight at a weight update (:class:`.partial.PartialRollouts`;
+        None: it finishes with the weights it started with)."""
 
     # -- the transport (every backend implements it; module docstring) ---------------------------
     @abstractmethod
@@ -425,7 +431,8 @@ class PlanExecutor(ABC):
                     progress = True
                 else:
                     try:
-                        flight = start_streamed(self, op, stream) if op.stream else OP_SUBMITTERS[op.kind](self, op, stream.state)
+                        submit = stream.submitters.get(op.name) or OP_SUBMITTERS[op.kind]
+                        flight = start_streamed(self, op, stream) if op.stream else submit(self, op, stream.state)
                     except HybridflowError:
                         raise
                     except Exception as err:

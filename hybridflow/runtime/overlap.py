@@ -23,6 +23,10 @@ than the ones training on it; a graph with ``truncated_is_weight`` and
 sampling between the rollout's and the current old log-probs). The step's
 metrics record it: ``rollout/staleness`` is 1 for a rollout generated during
 the previous step and 0 for one generated in this call.
+
+With ``partial_rollouts: continue`` (:mod:`.partial`) the generation sent ahead runs in segments, and
+once step i's update is done the rest of it is decoded with the weights after step i; each token's
+``policy_version`` says which weights decoded it.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, Mapping
 from ..errors import ExecutionError
 from ..batch import Batch
 from .interpreter import IterationResult, IterationState, Stream
+from .partial import segment_generation
 
 if TYPE_CHECKING:
     from .interpreter import PlanExecutor
@@ -65,6 +70,7 @@ def run_overlapped(ex: "PlanExecutor", inputs: Mapping[str, Batch], next_inputs:
         # Sent first, so its weight sync is queued on the train pool ahead of this step's update; sent after this
         # step's rollout is in, so the generation pool is free to receive at once (no collective waits on it).
         following = Stream(list(ahead_ops), IterationState(env=dict(next_inputs)), ex.iteration + 1, inputs=next_inputs)
+        segment_generation(ex, following, step)  # partial_rollouts: continue -> in segments, newer weights mid-way
         streams.insert(0, following)
     ex.drive(streams, step, settle=[following] if following else [])
     ex.ahead = following

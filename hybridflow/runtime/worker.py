@@ -204,11 +204,21 @@ class Worker:
 
     # -- node kinds ------------------------------------------------------------------
     def generate(self, role: str, prompts: Batch, overrides: Mapping[str, object],
-                 agent: Mapping[str, object] | None = None) -> Batch:
+                 agent: Mapping[str, object] | None = None, partial: Mapping[str, object] | None = None) -> Batch:
         """Responses to ``prompts``; with ``agent`` (a node's env settings), multi-turn trajectories. Rank r of a
-        data-parallel pool samples with ``seed + r * SEED_STRIDE``."""
+        data-parallel pool samples with ``seed + r * SEED_STRIDE``.
+
+        ``partial`` (partial rollouts, :mod:`.partial`): ``{"segment_tokens": S, "resume": bool}``: decode at most
+        S positions (returning the partial state), and with ``resume`` continue ``prompts``, a partial rollout this
+        rank returned, under the weights it holds now (:mod:`.engines.segments`)."""
         rollout = self.engines_for(role, "rollout").rollout
         params = self._sampling(rollout, overrides)
+        if partial is not None:
+            if agent is not None:
+                raise AgentError(f"role {role!r}: partial rollouts cut single-turn generations; a rollout with "
+                                 f"env={agent.get('env')!r} runs whole (partial_rollouts: finish)")
+            return rollout.generate(prompts, params, segment_tokens=partial.get("segment_tokens"),
+                                    resume=bool(partial.get("resume", False)))
         if agent is None:
             return rollout.generate(prompts, params)
         if not hasattr(rollout, "generate_agentic"):
@@ -258,6 +268,7 @@ class Worker:
         """Hybrid engine: stream the train engine's full tensors into the rollout engine in buckets; nothing moves
         (all-zero stats) when the two share one module."""
         engines = self.engines_for(role, "rollout")
+        engines.rollout.policy_version += 1  # shared or copied, the rollout now samples from the trained weights
         if engines.train is None or engines.rollout.shares_weights_with(engines.train):
             return SyncStats(0, 0, 0, 0, 0.0)
         return stream_into(engines.rollout, engines.train.named_weights(), bucket_bytes=self.bucket_bytes)
@@ -282,9 +293,12 @@ class Worker:
         if self.mailbox is not None:
             if group not in self.mailbox:
                 raise ExecutionError(f"slot {self.slot.describe()}: weight sync {group!r} received before it was sent")
-            return stream_into(rollout, self.mailbox.pop(group), bucket_bytes=self.bucket_bytes)
-        return broadcast_receive(rollout, group=self.groups[group], src=src, device=self.group_devices[group],
-                                 bucket_bytes=self.bucket_bytes)
+            stats = stream_into(rollout, self.mailbox.pop(group), bucket_bytes=self.bucket_bytes)
+        else:
+            stats = broadcast_receive(rollout, group=self.groups[group], src=src, device=self.group_devices[group],
+                                      bucket_bytes=self.bucket_bytes)
+        rollout.policy_version += 1
+        return stats
 
     def offload(self, role: str, items: Sequence[str]) -> None:
         self._move(role, items, torch.device("cpu"))

@@ -182,6 +182,8 @@ class PPOConfig(BaseModel):
     ray_address: str | None = Field(None, description="executor='ray': the Ray cluster to join, 'auto' (the one `ray start` set up on this machine) or 'HOST:PORT' (its head's GCS address; 'ray://HOST:10001' for Ray Client); None: start a Ray instance on this machine for the run.")
     staleness: int = Field(0, ge=0, le=1, description="0: on-policy. 1: generation of step i+1 overlaps training of step i on a rollout pool of its own (executor='ray'); the rollout trained on is one update old, so a policy-gradient loss needs an off-policy correction (algorithm grpo_is: truncated_is_weight + ppo_clip_is); compiling one without fails with StalenessError.")
     stream_rollouts: bool = Field(False, description="Stream the rollout: each prompt group goes on to scoring, log-probs and group advantages as soon as its n responses have ended, and the pieces are joined in prompt order before the first batch-wise op or update (the same numbers as without streaming). Pays off when response lengths vary widely and those ops run on pools of their own (executor='ray'); hf rollout engine, single-turn rollouts.")
+    partial_rollouts: Literal["finish", "continue"] = Field("finish", description="staleness 1: what a generation running ahead does when the step training beside it updates the policy. finish: it runs whole with the weights it started with. continue: it runs in segments of partial_segment_tokens tokens, and at the first segment boundary after the update the new weights are synced to the rollout pool and the unfinished responses go on under them, keeping their tokens and log-probs (AReaL's interruptible generation, verl's partial rollout). Each token's weights are recorded in the rollout's policy_version field. Single-turn generate nodes; on hf a continuation with unchanged weights goes on from its kept KV cache (cutting changes nothing), on vllm each unfinished response is resubmitted with its kept tokens.")
+    partial_segment_tokens: int = Field(8, ge=1, description="partial_rollouts=continue: positions decoded per segment; the policy's new weights are taken up at the first boundary after an update (smaller: sooner, at one more generate op per segment).")
     allow_uncorrected_staleness: bool = Field(False, description="staleness > 0: compile and run an algorithm whose policy-gradient loss has no off-policy correction anyway (a warning; the gradient is biased by the one-update-old rollout). For runs about scheduling, not learning.")
     plan: str | None = Field(None, description="A plan file to run exactly, instead of compiling one: from 'hybridflow compile CONFIG.yaml [key=value ...] --cluster local -o PLAN.json' (the plan this config compiles) or a run's plan.json; its graph must be the one this config builds, and this machine must have its devices.")
     calibrate: bool = Field(True, description="Profile the run's models on this machine before compiling (a few seconds, cached under ~/.cache/hybridflow or HYBRIDFLOW_CACHE), so the plan's predicted times are this machine's; False: datasheet figures.")
@@ -289,6 +291,13 @@ class PPOConfig(BaseModel):
             rollout_options(self.rollout_engine, self.rollout_engine_options)
         except ConfigError as err:
             raise ValueError(str(err)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _partial_rollouts_apply(self) -> "PPOConfig":
+        if self.partial_rollouts == "continue" and self.staleness == 0:
+            raise ValueError("partial_rollouts=continue cuts a generation that runs ahead of training, which needs "
+                             "staleness >= 1 (executor='ray'); set staleness=1, or partial_rollouts=finish")
         return self
 
     @model_validator(mode="after")

@@ -170,6 +170,10 @@ class Trainer:
 
             self.executor.watchdog = Watchdog(cfg.hang_timeout_s, cfg.on_hang, report_path=self.output_dir / "hang.txt",
                                               step=lambda: self.step)
+        if cfg.partial_rollouts != "finish":
+            from ..runtime.partial import PartialRollouts
+
+            self.executor.partial_rollouts = PartialRollouts(cfg.partial_rollouts, cfg.partial_segment_tokens)
         self.algorithm_state = AlgorithmState(self.definition.state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
         self._resume()

@@ -199,3 +199,13 @@ def test_packing_and_token_budget_reach_the_actor_critic_and_reference(fast_conf
     assert options.real_seq_len == pytest.approx(sum(prompts) / 8 + 3) and options.shared_prompt_min_saved is None
     padded = fast_config(calibrate=False)  # no packing: the padded width
     assert derive(padded, trainer.graph, local_machine(), run_inputs(padded, trainer.output_dir)).options.real_seq_len is None
+
+
+def test_partial_rollouts_need_a_generation_ahead():
+    config = PPOConfig(staleness=1, partial_rollouts="continue", partial_segment_tokens=4)
+    assert (config.partial_rollouts, config.partial_segment_tokens) == ("continue", 4)
+    assert PPOConfig().partial_rollouts == "finish"
+    with pytest.raises(ConfigError, match="partial_rollouts=continue .* needs staleness >= 1"):
+        PPOConfig(partial_rollouts="continue")
+    with pytest.raises(ConfigError, match="partial_segment_tokens"):
+        PPOConfig(staleness=1, partial_rollouts="continue", partial_segment_tokens=0)

@@ -15,6 +15,16 @@ GRPO-style groups of 8 this divides the prefill cost by 8.
 Rows that reach EOS keep being fed the pad token until every row is done or
 ``max_new_tokens`` is reached; what they produce is discarded.
 
+**Segments** (partial rollouts, :mod:`hybridflow.runtime.partial`): ``steps`` decodes at most
+that many positions and ``done`` starts some rows finished, so a generation can be cut and
+continued by a second call: from the :class:`Carry` the first call returned (its stepper
+holds the KV cache of every position so far: the same computation as an uncut decoding, to
+the bit), or, when the weights changed in between, from a prompt made of the prompt and the
+tokens kept so far, whose KV cache the prefill recomputes under the new weights (as AReaL's
+interruptible rollout workers do: Fu et al. 2025, "AReaL", Sec. 4.1). Finished rows still
+draw a token at every step (replaced by the pad id), so the sampler's generator advances
+by the same number of draws per step whether or not a generation was cut.
+
 A sampled pad token ends its response too (when ``stop_at_eos``), kept and masked in
 like an EOS. Otherwise a ``<pad>`` drawn between two tokens would be a valid response
 token that looks like padding: code that finds a response's end by its ids, a reward
@@ -35,10 +45,23 @@ from .lean_decode import LEAN_MODEL_TYPES, lean_stepper
 from .sampling import SamplingParams, choose_tokens, scaled_log_probs
 from .sequence import position_ids_from_mask
 
-__all__ = ["Decoded", "PATHS", "decode"]
+__all__ = ["Carry", "Decoded", "PATHS", "decode"]
 
 PATHS = ("auto", "lean", "hf")
 """How :func:`decode` feeds tokens after the prefill."""
+
+
+class Carry(NamedTuple):
+    """A decoding cut after step ``t``, ready to go on with the same weights (module docstring)."""
+
+    stepper: object
+    """What feeds one token at a time (its KV cache holds every position up to step ``t - 1``)."""
+    token: torch.Tensor
+    """``(b,)`` int64: the tokens sampled at step ``t``, not fed yet."""
+    alive: torch.Tensor
+    """``(b,)`` bool: the rows not finished after step ``t``."""
+    t: int
+    """The last step decoded (0-based, counted from the first response position)."""
 
 
 class Decoded(NamedTuple):
@@ -48,6 +71,12 @@ class Decoded(NamedTuple):
     """``(b, max_new_tokens)`` float32: 1 up to and including the first EOS (or pad), 0 after."""
     log_probs: torch.Tensor
     """``(b, max_new_tokens)`` float32: ``log_softmax(logits / T)`` at each sampled token, 0 at padding."""
+    done: torch.Tensor | None = None
+    """``(b,)`` bool: the row ended (a stop token) within the positions decoded."""
+    steps: int = 0
+    """Positions decoded (the loop stops early once every row is done)."""
+    carry: Carry | None = None
+    """Cut before the end with rows still going: what continues the decoding (``decode(..., carry=)``)."""
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
@@ -111,37 +140,52 @@ def prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
 
 
 @torch.no_grad()
-def decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams, *,
-           eos_token_ids: Sequence[int], pad_token_id: int, generator: torch.Generator | None = None,
-           path: str = "auto") -> Decoded:
+def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor | None,
+           params: SamplingParams, *, eos_token_ids: Sequence[int], pad_token_id: int,
+           generator: torch.Generator | None = None, path: str = "auto", steps: int | None = None,
+           done: torch.Tensor | None = None, capacity: int | None = None, carry: Carry | None = None) -> Decoded:
     """Generate ``params.n`` responses of up to ``params.max_new_tokens`` tokens after each left-padded prompt.
 
-    Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b * n, max_new_tokens)``
+    Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b * n, steps)``
     tensors, the ``n`` responses of a prompt in consecutive rows (``repeat_interleave`` order).
     ``path``: ``"auto"`` (the lean path where it applies, see :mod:`.lean_decode`), ``"lean"``
     (an ExecutionError where it does not) or ``"hf"`` (always the model's own forward).
+
+    Segments (module docstring): ``steps``, positions to decode at most (default ``max_new_tokens``);
+    ``capacity``, positions the stepper is made for (default ``steps``: a decoding that may be continued
+    from its :attr:`Decoded.carry` needs room for the rest); ``done`` ``(b * n,)`` bool, rows already
+    finished (padding from the start); ``carry``, a cut decoding to go on with (no prefill: the prompts
+    are not read), the model's weights unchanged since.
     """
     if path not in PATHS:
         raise ExecutionError(f"decode: path must be one of {PATHS}, got {path!r}")
-    device, steps = prompt_ids.device, params.max_new_tokens
-    logits, stepper = prefill(model, prompt_ids, prompt_mask, params.n, steps, path)
-    b = logits.shape[0]
+    steps = params.max_new_tokens if steps is None else steps
+    if steps < 1:
+        raise ExecutionError(f"decode: steps must be at least 1, got {steps}")
+    if carry is None:
+        logits, stepper = prefill(model, prompt_ids, prompt_mask, params.n, max(steps, capacity or steps), path)
+        first = 0
+    else:
+        stepper, first = carry.stepper, carry.t + 1
+        logits = stepper.step(carry.t, carry.token, carry.alive)
+    b, device = logits.shape[0], logits.device
     stops = torch.tensor(sorted({*eos_token_ids, pad_token_id}), dtype=torch.long, device=device)
     tokens = torch.full((b, steps), pad_token_id, dtype=torch.long, device=device)
     mask = torch.zeros((b, steps), dtype=torch.float32, device=device)
     log_probs = torch.zeros((b, steps), dtype=torch.float32, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    for t in range(steps):
+    done = torch.zeros(b, dtype=torch.bool, device=device) if done is None else done.to(device=device, dtype=torch.bool).clone()
+    for i in range(steps):
         step_log_probs = scaled_log_probs(logits, params.temperature)
         token = choose_tokens(step_log_probs, params, generator).masked_fill_(done, pad_token_id)
         alive = ~done
-        mask[:, t] = alive
-        log_probs[:, t] = step_log_probs.gather(-1, token[:, None]).squeeze(-1).masked_fill_(done, 0.0)
-        tokens[:, t] = token
+        mask[:, i] = alive
+        log_probs[:, i] = step_log_probs.gather(-1, token[:, None]).squeeze(-1).masked_fill_(done, 0.0)
+        tokens[:, i] = token
         if params.stop_at_eos:
             done = done | torch.isin(token, stops)
             alive = ~done
-        if t == steps - 1 or not bool(alive.any()):
+        if i == steps - 1 or not bool(alive.any()):
             break
-        logits = stepper.step(t, token, alive)
-    return Decoded(tokens, mask, log_probs)
+        logits = stepper.step(first + i, token, alive)
+    going = bool(alive.any())
+    return Decoded(tokens, mask, log_probs, done, i + 1, Carry(stepper, token, alive, first + i) if going else None)

@@ -13,8 +13,10 @@ order) with ``response_ids`` int64 ``(b·n, R)`` right-padded to
 ``R = max_new_tokens``, ``response_mask`` float32 ``(b·n, R)`` (1 up to and
 including the first EOS or pad), ``rollout_log_probs`` float32 ``(b·n, R)``
 (``log_softmax(logits / T)`` at the sampled token, before top-k/top-p
-truncation, 0 at padding), ``group_index`` int64 ``(b·n,)`` and, with a
-tokenizer, the ``responses`` text column.
+truncation, 0 at padding), ``group_index`` int64 ``(b·n,)``, ``policy_version``
+int64 ``(b·n, R)`` (the engine's :attr:`~RolloutEngine.policy_version` when each
+token was decoded, -1 at padding) and, with a tokenizer, the ``responses`` text column.
+Partial rollouts (``segment_tokens``, ``resume``) are described in :mod:`.segments`.
 """
 from __future__ import annotations
 
@@ -38,8 +40,15 @@ class RolloutEngine(Protocol):
     sampling: SamplingParams
     """Default sampling of :meth:`generate` (a node's overrides are applied on top of it)."""
 
-    def generate(self, batch: Batch, sampling: SamplingParams | None = None) -> Batch:
-        """Responses for every prompt of ``batch`` (``sampling.n`` each), in the batch contract."""
+    policy_version: int
+    """Weight syncs applied to the engine (the worker adds one per completed sync); stamped on every token."""
+
+    def generate(self, batch: Batch, sampling: SamplingParams | None = None, *, segment_tokens: int | None = None,
+                 resume: bool = False) -> Batch:
+        """Responses for every prompt of ``batch`` (``sampling.n`` each), in the batch contract.
+
+        ``segment_tokens``: decode at most that many positions and return the partial state; ``resume``: continue
+        such a partial rollout (:mod:`.segments`). An engine without partial rollouts raises ExecutionError."""
         ...
 
     def update_weights(self, named_tensors: NamedTensors) -> int:

@@ -11,7 +11,12 @@ the repeated batch with
 - ``rollout_log_probs`` float32[B, R]: ``log_softmax(logits / T)`` of each sampled token,
   before top-k/top-p truncation (see :mod:`.sampling`), 0 at padding,
 - ``group_index`` int64[B]: the prompt each response belongs to (row of the input batch),
+- ``policy_version`` int64[B, R]: :attr:`HFRolloutEngine.policy_version` when each token was decoded, -1 at padding,
 - ``responses`` (column): the decoded text of each response, final EOS stripped.
+
+With ``segment_tokens`` it decodes at most that many positions and adds the partial state
+(``decoded_steps``, ``rollout_finished``); ``resume=True`` continues such a partial rollout
+(:mod:`.segments`: partial rollouts).
 
 The engine may share its module with the actor's train engine (colocated, same
 device: weights are shared and :meth:`update_weights` has nothing to copy) or
@@ -31,9 +36,10 @@ from hybridflow.errors import ExecutionError
 from ...batch import Batch
 from ..byte_state import state_from_text, state_to_text
 from .agent_loop import AgentParams, EnvHost, agent_rollout, hf_turn_decoder
-from .decode import decode
+from .decode import Carry, decode
 from .lean_decode import supports_lean
 from .sampling import SamplingParams
+from .segments import check_resumable, piece_cut, piece_key, resume_prompt, stamp_versions
 from .stream_decode import decode_groups
 from .text import decode_responses
 
@@ -78,6 +84,10 @@ class HFRolloutEngine:
             found_pad = self.eos_token_ids[0] if self.eos_token_ids else 0
         self.pad_token_id = int(found_pad)
         self._generators: dict[int, torch.Generator] = {}
+        self.policy_version = 0
+        """Weight syncs applied to this engine (the worker counts one per completed sync); stamped on each token."""
+        self._held: dict[str, Carry] = {}
+        """Cut decodings by :func:`.segments.piece_key`: continued from their KV cache while the weights are unchanged."""
 
     def _model_special(self, name: str) -> tuple[int, ...]:
         for source in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None), self.tokenizer):
@@ -94,22 +104,36 @@ class HFRolloutEngine:
             self._generators[seed] = torch.Generator(device=self.device).manual_seed(seed)
         return self._generators[seed]
 
-    def generate(self, batch: Batch, sampling: SamplingParams | None = None) -> Batch:
+    def generate(self, batch: Batch, sampling: SamplingParams | None = None, *, segment_tokens: int | None = None,
+                 resume: bool = False) -> Batch:
         """Responses for every prompt of ``batch`` (``n`` each); see the module docstring for the fields.
 
         With a ``seed``, the engine's generator for that seed is created on the first call and
         continues on later ones: a run is reproducible and successive calls draw fresh samples.
+
+        ``segment_tokens``: decode at most that many positions per response and return the partial state;
+        ``resume``: ``batch`` is such a partial rollout (already ``n`` rows per prompt), continued for at most
+        ``segment_tokens`` positions more (None: to the end). See :mod:`.segments`.
         """
         params = sampling or self.sampling
-        if "prompt_ids" not in batch or "prompt_mask" not in batch:
+        if segment_tokens is not None and segment_tokens < 1:
+            raise ExecutionError(f"generate: segment_tokens must be at least 1 (or None: no cut), got {segment_tokens}")
+        if resume:
+            check_resumable(batch)
+        elif "prompt_ids" not in batch or "prompt_mask" not in batch:
             raise ExecutionError(f"generate needs prompt_ids and prompt_mask in the batch; it has {batch.keys()}")
         generator = self._generator(params.seed)
+        if not resume:
+            self._held.clear()  # a new generation: cut ones not continued by now are not coming back
         # eval mode for the model's own forward; the lean path computes as in eval mode in either (no dropout)
         switch = self.model.training and not supports_lean(self.model)
         if switch:
             self.model.eval()
         try:
-            parts = [self._decode(piece, params, generator) for piece in self._pieces(batch, params.n)]
+            if resume:
+                parts = [self._continue(piece, params, generator, segment_tokens) for piece in self._row_pieces(batch, params.n)]
+            else:
+                parts = [self._decode(piece, params, generator, segment_tokens) for piece in self._pieces(batch, params.n)]
         finally:
             if switch:
                 self.model.train()
@@ -117,6 +141,8 @@ class HFRolloutEngine:
         if self.tokenizer is not None:
             fields["responses"] = decode_responses(self.tokenizer, fields["response_ids"], fields["response_mask"],
                                                    self.eos_token_ids)
+        if resume:
+            return batch.with_fields(**fields)
         repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         return repeated.with_fields(**fields)
 
@@ -144,7 +170,8 @@ class HFRolloutEngine:
                                                eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                                                generator=generator):
                     fields = {"response_ids": out.response_ids, "response_mask": out.response_mask,
-                              "rollout_log_probs": out.log_probs}
+                              "rollout_log_probs": out.log_probs,
+                              "policy_version": stamp_versions(out.response_mask.cpu(), self.policy_version)}
                     if self.tokenizer is not None:
                         fields["responses"] = decode_responses(self.tokenizer, out.response_ids, out.response_mask,
                                                                self.eos_token_ids)
@@ -179,11 +206,64 @@ class HFRolloutEngine:
             return [batch]
         return batch.split(max(1, self.micro_batch_size // n))
 
-    def _decode(self, piece: Batch, params: SamplingParams, generator) -> dict[str, torch.Tensor]:
+    def _row_pieces(self, batch: Batch, n: int) -> list[Batch]:
+        """The pieces of an already repeated batch that :meth:`_pieces` made of its prompts (same rows each)."""
+        if not self.micro_batch_size or len(batch) <= self.micro_batch_size:
+            return [batch]
+        return batch.split(max(1, self.micro_batch_size // n) * n)
+
+    def _decode(self, piece: Batch, params: SamplingParams, generator, segment: int | None) -> dict[str, torch.Tensor]:
+        width = params.max_new_tokens
         out = decode(self.model, piece["prompt_ids"].to(self.device), piece["prompt_mask"].to(self.device), params,
-                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator)
-        return {"response_ids": out.response_ids.cpu(), "response_mask": out.response_mask.cpu(),
-                "rollout_log_probs": out.log_probs.cpu()}
+                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator,
+                     steps=None if segment is None else min(segment, width), capacity=width)
+        pad = width - out.response_ids.shape[1]
+        mask = torch.nn.functional.pad(out.response_mask.cpu(), (0, pad))
+        fields = {"response_ids": torch.nn.functional.pad(out.response_ids.cpu(), (0, pad), value=self.pad_token_id),
+                  "response_mask": mask, "rollout_log_probs": torch.nn.functional.pad(out.log_probs.cpu(), (0, pad)),
+                  "policy_version": stamp_versions(mask, self.policy_version)}
+        if segment is not None:
+            steps = torch.full((mask.shape[0],), out.steps, dtype=torch.int64)
+            fields["decoded_steps"] = steps
+            fields["rollout_finished"] = out.done.cpu() | (steps >= width)
+            if out.carry is not None and out.steps < width:
+                rows = piece["prompt_ids"].repeat_interleave(params.n, 0), piece["prompt_mask"].repeat_interleave(params.n, 0)
+                self._held[piece_key(*rows, fields["response_ids"], out.steps)] = out.carry
+        return fields
+
+    def _continue(self, piece: Batch, params: SamplingParams, generator, segment: int | None) -> dict[str, torch.Tensor]:
+        """One piece of a partial rollout decoded on from its cut (:mod:`.segments`); kept positions unchanged."""
+        width = params.max_new_tokens
+        if piece["response_ids"].shape[1] != width:
+            raise ExecutionError(f"generate(resume=True): the partial responses are {piece['response_ids'].shape[1]} "
+                                 f"positions wide but max_new_tokens is {width}; resume with the sampling they were made with")
+        kept = {name: piece[name].clone() for name in ("response_ids", "response_mask", "rollout_log_probs",
+                                                       "policy_version", "decoded_steps", "rollout_finished")}
+        cut = piece_cut(piece)
+        if cut is None:
+            return kept
+        finished = piece["rollout_finished"].bool()
+        steps = min(segment or width - cut, width - cut)
+        carry = self._held.pop(piece_key(piece["prompt_ids"], piece["prompt_mask"], piece["response_ids"], cut), None)
+        if carry is None:  # new weights since the cut (or another process cut it): recompute the KV cache
+            ids, mask = resume_prompt(piece, cut)
+            ids, mask = ids.to(self.device), mask.to(self.device)
+        else:
+            ids = mask = None
+        out = decode(self.model, ids, mask, params.model_copy(update={"n": 1}), eos_token_ids=self.eos_token_ids,
+                     pad_token_id=self.pad_token_id, generator=generator, steps=steps, done=finished,
+                     capacity=width - cut, carry=carry)
+        span = slice(cut, cut + steps)
+        kept["response_ids"][:, span] = out.response_ids.cpu()
+        kept["response_mask"][:, span] = out.response_mask.cpu()
+        kept["rollout_log_probs"][:, span] = out.log_probs.cpu()
+        kept["policy_version"][:, span] = stamp_versions(out.response_mask.cpu(), self.policy_version)
+        decoded = torch.where(finished, kept["decoded_steps"], torch.full_like(kept["decoded_steps"], cut + out.steps))
+        kept["decoded_steps"] = decoded
+        kept["rollout_finished"] = finished | out.done.cpu() | (decoded >= width)
+        if out.carry is not None and cut + out.steps < width:
+            self._held[piece_key(piece["prompt_ids"], piece["prompt_mask"], kept["response_ids"], cut + out.steps)] = out.carry
+        return kept
 
     # -- the rollout protocol (protocols.RolloutEngine) -------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -209,6 +289,7 @@ class HFRolloutEngine:
 
     def sleep(self) -> None:
         """Move the model to host memory (a module of its own only: a shared one moves with its train engine)."""
+        self._held.clear()
         self.model.to("cpu")
 
     def wake(self) -> None:
@@ -221,6 +302,7 @@ class HFRolloutEngine:
         A tensor that already is the model's own (shared module) is skipped. An unknown name
         or a shape mismatch raises ExecutionError naming it.
         """
+        self._held.clear()  # a cut decoding's KV cache is of the old weights: a continuation recomputes it
         own = self.model.state_dict(keep_vars=True)
         items = weights.items() if isinstance(weights, Mapping) else weights
         copied = 0

@@ -77,6 +77,8 @@ from .agent_loop import AgentParams, EnvHost, agent_rollout
 from .lora import adapter_config, adapter_names, base_state, is_lora, peft_adapter_files
 from .registry import VLLMOptions
 from .sampling import SamplingParams
+from .segments import check_resumable, stamp_versions
+from .vllm_segments import VLLMSegments
 from .text import decode_responses
 
 __all__ = ["VLLMRolloutEngine", "vllm_seed", "worker_in_own_process"]
@@ -207,7 +209,7 @@ def _start_llm(folder: Path, options: VLLMOptions, device: str, max_len: int, ow
         return vllm.LLM(**kwargs)
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(VLLMSegments):
     """Generates with an in-process ``vllm.LLM`` and takes new weights in place (module docstring).
 
     Use :meth:`from_module`; the constructor takes a started ``llm``.
@@ -231,6 +233,8 @@ class VLLMRolloutEngine:
         """The peft adapter config of a LoRA policy (``shapes`` are then the adapters'); None: full weights."""
         self._lora_request = None
         self._lora_ids = 0
+        self.policy_version = 0
+        """Weight syncs applied (the worker counts one per completed sync); stamped on each token."""
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(folder), True)
 
     @classmethod
@@ -274,10 +278,19 @@ class VLLMRolloutEngine:
             stop_token_ids=stops, ignore_eos=not params.stop_at_eos, logprobs=0 if params.temperature == 1.0 else -1,
             detokenize=False, skip_special_tokens=False)
 
-    def generate(self, batch: Batch, sampling: SamplingParams | None = None) -> Batch:
-        """Responses for every prompt of ``batch`` (``n`` each), in the batch contract of :mod:`.protocols`."""
+    def generate(self, batch: Batch, sampling: SamplingParams | None = None, *, segment_tokens: int | None = None,
+                 resume: bool = False) -> Batch:
+        """Responses for every prompt of ``batch`` (``n`` each), in the batch contract of :mod:`.protocols`.
+
+        Partial rollouts (:mod:`.segments`): ``segment_tokens`` caps each request's ``max_tokens``; ``resume``
+        sends each unfinished row again as one request whose prompt is its prompt and the tokens kept so far
+        (vLLM recomputes their KV cache, with the weights it holds now: slime's abort-and-resubmit)."""
         params = sampling or self.sampling
-        if "prompt_ids" not in batch or "prompt_mask" not in batch:
+        if segment_tokens is not None and segment_tokens < 1:
+            raise ExecutionError(f"generate: segment_tokens must be at least 1 (or None: no cut), got {segment_tokens}")
+        if resume:
+            check_resumable(batch)
+        elif "prompt_ids" not in batch or "prompt_mask" not in batch:
             raise ExecutionError(f"generate needs prompt_ids and prompt_mask in the batch; it has {batch.keys()}")
         self._flush_incomplete()
         prompts = _unpadded(batch["prompt_ids"], batch["prompt_mask"])
@@ -285,23 +298,40 @@ class VLLMRolloutEngine:
         if longest > self.max_len:
             raise ExecutionError(f"vllm rollout: prompt + response of {longest} tokens exceeds max_model_len "
                                  f"{self.max_len}; raise rollout_engine_options.max_model_len")
-        call = None
-        if params.seed is not None:
-            call = self._calls.get(params.seed, 0)
-            self._calls[params.seed] = call + 1
+        if resume:
+            return self._continue(batch, prompts, params, segment_tokens)
+        budget = params.max_new_tokens if segment_tokens is None else min(segment_tokens, params.max_new_tokens)
+        call = self._next_call(params.seed)
         requests, sampling_list = [], []
         for i, ids in enumerate(prompts):
             for j in range(params.n):
                 k = i * params.n + j
                 requests.append({"prompt_token_ids": ids})
-                sampling_list.append(self._request_params(params, None if call is None else vllm_seed(params.seed, call, k)))
+                sampling_list.append(self._seeded_request(params, budget, call, k))
         outputs = self.llm.generate(requests, sampling_list, use_tqdm=False, lora_request=self._lora_request)
         fields = self._fields([o.outputs[0] for o in outputs], params)
+        fields["policy_version"] = stamp_versions(fields["response_mask"], self.policy_version)
+        if segment_tokens is not None:
+            decoded = torch.full((len(outputs),), budget, dtype=torch.int64)
+            fields.update(decoded_steps=decoded, rollout_finished=self._ended(fields, decoded, params))
         if self.tokenizer is not None:
             fields["responses"] = decode_responses(self.tokenizer, fields["response_ids"], fields["response_mask"],
                                                    self.eos_token_ids)
         repeated = batch.repeat_interleave(params.n) if params.n > 1 or "group_index" not in batch else batch
         return repeated.with_fields(**fields)
+
+    def _next_call(self, seed: int | None) -> int | None:
+        """The number of this call of the ``seed`` stream (its requests' seeds derive from it); None without a seed."""
+        if seed is None:
+            return None
+        call = self._calls.get(seed, 0)
+        self._calls[seed] = call + 1
+        return call
+
+    def _seeded_request(self, params: SamplingParams, budget: int, call: int | None, index: int):
+        """vLLM's sampling params of request ``index`` of call ``call`` (None: unseeded), at most ``budget`` tokens."""
+        return self._request_params(params.model_copy(update={"max_new_tokens": budget}),
+                                    None if call is None else vllm_seed(params.seed, call, index))
 
     def generate_agentic(self, batch: Batch, sampling: SamplingParams | None, agent: AgentParams,
                          envs: EnvHost | None = None) -> Batch:
@@ -317,10 +347,7 @@ class VLLMRolloutEngine:
 
         def turns(contexts: list[list[int]], budget: int, stop_ids: tuple[int, ...]) -> list[tuple[list[int], list[float]]]:
             turn = params.model_copy(update={"n": 1, "max_new_tokens": budget})
-            call = None
-            if params.seed is not None:
-                call = self._calls.get(params.seed, 0)
-                self._calls[params.seed] = call + 1
+            call = self._next_call(params.seed)
             requests = [{"prompt_token_ids": list(c)} for c in contexts]
             sampling_list = [self._request_params(turn, None if call is None else vllm_seed(params.seed, call, k), stop_ids)
                              for k in range(len(contexts))]
