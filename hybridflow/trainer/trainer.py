@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from .determinism import check_determinism
 from .metrics import Tracker, nan_streak, recorded_history, timing_metrics
 from .progress import StepProgress
 from .prompt_log import PromptLog
+from .prompt_queue import PromptQueue
 from .role_specs import reward_spec, role_specs
 from .run_lock import RunLock
 from .run_record import ValueHashes, write_run_record
@@ -41,19 +40,6 @@ log = logging.getLogger("hybridflow.trainer")
 
 VAL_SEED_OFFSET = 1_000_003
 """Validation samples with seed ``config.seed + VAL_SEED_OFFSET``, so validating never moves training's generator."""
-
-
-@dataclass(frozen=True)
-class DrawnBatch:
-    """One step's prompts as drawn from the loader: the loader's position before the draw, the rows' dataset
-    indices, the rows and their prompt batch. With staleness k the trainer holds up to k of them ahead; a checkpoint
-    saves the position before the first one, so a resume draws (and generates) them again: nothing lost, nothing
-    trained twice."""
-
-    loader_state: dict
-    indices: tuple[int, ...]
-    rows: list
-    batch: Any
 
 
 class Trainer:
@@ -95,10 +81,8 @@ class Trainer:
         """'SIGINT' or 'SIGTERM' when a signal stopped the last train() early (see :mod:`.interrupt`)."""
         self._saved_step = 0
         self._lock = RunLock(self.output_dir)
-        self._ahead: deque[DrawnBatch] = deque()
-        """staleness k: the next steps' prompts (at most k, in step order), whose generations are in flight or done."""
-        self._current: DrawnBatch | None = None
-        """The prompts :meth:`_next_rows` handed out for the step about to run."""
+        self.prompts: PromptQueue | None = None
+        """The next steps' prompts, up to ``staleness`` drawn ahead (:mod:`.prompt_queue`)."""
         self.prompt_log: PromptLog | None = None
         """Each step's prompt ids, in output_dir/prompts.jsonl (:mod:`.prompt_log`)."""
         self._validation_plan = None
@@ -190,6 +174,7 @@ class Trainer:
                                               step=lambda: self.step)
         self.algorithm_state = AlgorithmState(self.definition.state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
+        self.prompts = PromptQueue(self.loader, self._prompt_batch)
         self._resume()
         self.prompt_log = PromptLog(self.output_dir, self.step if self.resumed_from else None)
         self.value_hashes = ValueHashes(self.output_dir / "hashes.jsonl", resume_step=self.step if self.resumed_from else None,
@@ -321,35 +306,25 @@ class Trainer:
         log.warning("%s -- restart %d of %d: new workers, resuming from the newest checkpoint", err, used + 1,
                     self.config.max_restarts)
         self.executor.restart()
-        self._ahead.clear()  # their generations died with the workers; the checkpoint's loader position draws them again
+        self.prompts.clear()  # their generations died with the workers; the checkpoint's loader position draws them again
         self._restore(resume_newest(self._checkpoint_scope()))
         for tracker in [*(self._trackers or ()), *filter(None, [self.value_hashes, self.prompt_log])]:  # the steps after the checkpoint
             if hasattr(tracker, "rewind"):                                            # are run again: log each once
                 tracker.rewind(self.step)
         return used + 1
 
-    def _draw(self) -> DrawnBatch:
-        state = self.loader.state_dict()
-        rows = self.loader.next_batch()
-        return DrawnBatch(state, tuple(self.loader.last_indices), rows, self._prompt_batch(rows))
-
     def _next_rows(self) -> list[dict]:
         """The next step's prompt rows: the ones whose generation already started (staleness k), else the loader's."""
-        self._current = self._ahead[0] if self._ahead else self._draw()
-        return self._current.rows
+        return self.prompts.next().rows
 
     def _prompt_batch(self, rows: list[dict]):
         from ..data import make_prompt_batch
 
-        if self._current is not None and self._current.rows is rows:
-            return self._current.batch  # the very batch the executor is generating for
+        current = self.prompts.current if self.prompts is not None else None
+        if current is not None and current.rows is rows:
+            return current.batch  # the very batch the executor is generating for
         return make_prompt_batch(rows, self.tokenizer, max_prompt_length=self.config.max_prompt_length,
                                  apply_chat_template=self.config.apply_chat_template, cache=self._prompt_tokens)
-
-    def _loader_state(self) -> dict:
-        """The loader's position a checkpoint saves: before the prompts drawn ahead (their generations are not saved;
-        a resume draws and generates them again, with the restored weights)."""
-        return self._ahead[0].loader_state if self._ahead else self.loader.state_dict()
 
     def train_step(self, rows: list[dict]) -> dict[str, float]:
         """One iteration of the plan on ``rows``; with a staleness-k plan, the following steps' generations (up to k,
@@ -357,15 +332,12 @@ class Trainer:
         from ..runtime.policy_version import staleness_metrics
 
         prompts = self._prompt_batch(rows)
-        current, self._current = self._current, None
-        if self._ahead and self._ahead[0].rows is rows:
-            self._ahead.popleft()
+        current = self.prompts.start_step(rows)
         ahead: dict = {}
-        if self.plan.staleness:
-            while len(self._ahead) < self.plan.staleness and self.step + len(self._ahead) < self.config.max_steps:
-                self._ahead.append(self._draw())
-            ahead = {"next_inputs": [{"prompts": drawn.batch} for drawn in self._ahead]}
-        if self.prompt_log is not None and current is not None and current.rows is rows:
+        if self.plan.staleness:  # the following steps' prompts, none past max_steps
+            following = self.prompts.fill(min(self.plan.staleness, self.config.max_steps - self.step))
+            ahead = {"next_inputs": [{"prompts": drawn.batch} for drawn in following]}
+        if self.prompt_log is not None and current is not None:
             self.prompt_log.record(self.step, current.indices)
         start, first_span = time.perf_counter(), len(self.executor.recorder.spans)
         if self.graph.resample:  # dynamic sampling: each further round draws the loader's next prompts
@@ -456,7 +428,7 @@ class Trainer:
 
         if self.progress is not None:
             self.progress.phase("save checkpoint")
-        state = {"loader": self._loader_state(), "nan_streak": self._nan_streak,
+        state = {"loader": self.prompts.loader_state(), "nan_streak": self._nan_streak,
                  "algorithm_state": self.algorithm_state.state_dict()}
         self.last_checkpoint = save_run(self._checkpoint_scope(), self.step, state)
         self._saved_step = self.step
