@@ -11,10 +11,11 @@ on, up to ``--max-new-tokens`` (64) tokens: a random model's responses end anywh
 tokens, so their lengths vary as the issue asks, and the model's size is chosen so that a step's
 generation takes about as long as the rest of it (printed: g and t, from the k = 0 spans).
 
-**Rounds, interleaved.** One executor per k is started first (all idle but the one measured). Each
-round runs, for every k in a rotated order, a segment of ``--warmup`` steps, ``--steps`` timed steps and
-k untimed steps that drain the buffer (so no generation of one k runs during another's segment); the
-figure of a segment is trained samples (prompts x n of the timed steps) per second of those steps. The
+**Rounds, interleaved.** Each round runs, for every k in a rotated order, a segment on a fresh executor
+(one at a time: the pools' placement groups are named per pool; its start is not timed), after one
+untimed segment that lets Ray's freshly started processes settle: ``--warmup``
+steps, ``--steps`` timed steps and k untimed steps that drain the buffer; the figure of a segment is
+trained samples (prompts x n of the timed steps) per second of those steps. The
 ratio to k = 0 is taken within each round, and the median over rounds is printed. The machine is
 shared: read ratios, not absolute figures.
 
@@ -113,27 +114,34 @@ def main(argv=None) -> dict:
 
     role_specs, batches, plans = workload(args)
     cores = os.cpu_count() or 1
-    ray.init(address="local", num_cpus=4 * len(plans), include_dashboard=False, log_to_driver=False)
-    executors = {}
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical: slots are pinned
     figures: dict[int, list[float]] = {k: [] for k in args.ks}
     ratios: dict[int, list[float]] = {k: [] for k in args.ks}
+    splits = []
     try:
-        for k, plan in plans.items():
-            generation = plan.placement("actor").generation_pool
-            pins = {p.name: (0 if p.name == generation else cores - 1,) for p in plan.pools}
-            executors[k] = RayExecutor(plan, role_specs, pin_cpus=pins)
-        for r in range(args.rounds):
-            order = args.ks[r % len(args.ks):] + args.ks[:r % len(args.ks)]
-            this = {k: segment(executors[k], k, batches, args) for k in order}
+        for r in range(-1, args.rounds):  # round -1: untimed, while Ray's freshly started processes settle
+            order = args.ks[r % len(args.ks):] + args.ks[:r % len(args.ks)] if r >= 0 else args.ks[:1]
+            this = {}
+            for k in order:
+                plan = plans[k]
+                generation = plan.placement("actor").generation_pool
+                pins = {p.name: (0 if p.name == generation else cores - 1,) for p in plan.pools}
+                executor = RayExecutor(plan, role_specs, pin_cpus=pins)
+                try:
+                    this[k] = segment(executor, k, batches, args)
+                    if k == 0 and r >= 0:
+                        splits.append(split_times(executor))
+                finally:
+                    executor.shutdown()
+            if r < 0:
+                continue
             for k in args.ks:
                 figures[k].append(this[k])
                 ratios[k].append(this[k] / this[args.ks[0]])
             print(f"round {r + 1}: " + ", ".join(f"k={k} {this[k]:.1f} samples/s" for k in args.ks), flush=True)
-        g, t = split_times(executors[args.ks[0]]) if args.ks[0] == 0 else (float("nan"), float("nan"))
     finally:
-        for executor in executors.values():
-            executor.shutdown()
         ray.shutdown()
+    g, t = (statistics.median(x) for x in zip(*splits)) if splits else (float("nan"), float("nan"))
     return report(figures, ratios, g, t, args)
 
 

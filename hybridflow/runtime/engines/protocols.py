@@ -14,7 +14,12 @@ order) with ``response_ids`` int64 ``(b·n, R)`` right-padded to
 including the first EOS or pad), ``rollout_log_probs`` float32 ``(b·n, R)``
 (``log_softmax(logits / T)`` at the sampled token, before top-k/top-p
 truncation, 0 at padding), ``group_index`` int64 ``(b·n,)`` and, with a
-tokenizer, the ``responses`` text column.
+tokenizer, the ``responses`` text column. ``policy_version`` int64 ``(b·n, R)``
+(the version of the weights that sampled each token) is added by the worker from
+the engine's ``weight_version`` attribute, which each weight sync sets
+(:mod:`hybridflow.runtime.policy_version`): the same for transformers, vLLM or any
+other engine; an engine that continues a response under newer weights may write
+the field itself (per token), and the worker keeps it.
 """
 from __future__ import annotations
 
