@@ -88,21 +88,23 @@ def segment(executor, k: int, batches: list[dict], args) -> float:
     return args.steps * args.prompts * args.n / (end - start)
 
 
-def split_times(executor) -> tuple[float, float]:
-    """Median generation time g and rest-of-step time t per iteration of a k = 0 executor, from its spans."""
-    gen, rest = {}, {}
+def split_times(executor) -> tuple[list[float], float, float]:
+    """From the spans of a k = 0 executor: the generation seconds of each iteration, and the medians of the rest of
+    a step (training: every other op) and of its weight sync."""
+    gen, rest, sync = {}, {}, {}
     for s in executor.recorder.spans:
-        target = gen if s.kind == "generate" else rest
+        target = gen if s.kind == "generate" else sync if s.kind == "weight_sync" else rest
         target[s.iteration] = target.get(s.iteration, 0.0) + s.end - s.start
-    return statistics.median(gen.values()), statistics.median(rest.values())
+    return list(gen.values()), statistics.median(rest.values()), statistics.median(sync.values() or [0.0])
 
 
-def predicted_step_s(g: float, t: float, k: int) -> float | None:
-    """PREDICTED: the compiler's asynchronous step time for generation g, training t and staleness k.
+def predicted_step_s(gens: list[float], t: float, sync_s: float, k: int) -> float:
+    """PREDICTED: the compiler's step time for staleness k (:func:`hybridflow.compiler.async_cost.predict_async`)
+    from the k = 0 run's measured generation times (used in turn: they vary with the response lengths), training
+    time and weight-sync time, with the runtime's collective sync."""
+    from hybridflow.compiler.async_cost import predict_async
 
-    To be connected to the compiler's prediction (branch ``async-cost``: a function of g, t and k in
-    hybridflow.compiler); None until then, and the table prints '-' in the predicted column."""
-    return None
+    return predict_async(None, t, k, sync_s=sync_s, gen_samples=gens, sync="collective")
 
 
 def main(argv=None) -> dict:
@@ -141,23 +143,27 @@ def main(argv=None) -> dict:
             print(f"round {r + 1}: " + ", ".join(f"k={k} {this[k]:.1f} samples/s" for k in args.ks), flush=True)
     finally:
         ray.shutdown()
-    g, t = (statistics.median(x) for x in zip(*splits)) if splits else (float("nan"), float("nan"))
-    return report(figures, ratios, g, t, args)
+    gens = [x for run in splits for x in run[0]]
+    t, sync_s = (statistics.median(run[i] for run in splits) for i in (1, 2)) if splits else (float("nan"),) * 2
+    return report(figures, ratios, gens, t, sync_s, args)
 
 
-def report(figures: dict, ratios: dict, g: float, t: float, args) -> dict:
+def report(figures: dict, ratios: dict, gens: list[float], t: float, sync_s: float, args) -> dict:
+    """Print the table (measured ratio, % of the ideal, predicted ratio); returns k -> measured ratio."""
     base = args.ks[0]
-    ideal = (g + t) / max(g, t) if g == g and t == t else float("nan")
-    print(f"generation g = {g:.3f} s, rest of step t = {t:.3f} s (k=0 medians); responses up to "
-          f"{args.max_new_tokens} tokens, EOS on; {args.prompts} prompts x {args.n} samples a step; {os.cpu_count()} cores")
-    print(f"ideal speedup for this machine's two pinned cores: (g + t) / max(g, t) = {ideal:.2f}x")
-    print(f"{'k':>3} {'samples/s':>10} {'ratio to k=' + str(base):>12} {'% of ideal':>10} {'predicted':>10}")
+    g = statistics.median(gens) if gens else float("nan")
+    ideal = (g + sync_s + t) / (sync_s + max(g, t))
+    print(f"generation g = {g:.3f} s (median; {min(gens, default=0):.3f}-{max(gens, default=0):.3f}), training t = "
+          f"{t:.3f} s, weight sync s = {sync_s:.3f} s (k=0 spans); responses up to {args.max_new_tokens} tokens, EOS on; "
+          f"{args.prompts} prompts x {args.n} samples a step; {os.cpu_count()} cores")
+    print(f"ideal speedup for the two pinned cores: (g + s + t) / (s + max(g, t)) = {ideal:.2f}x")
+    print(f"{'k':>3} {'samples/s':>10} {'measured':>10} {'% of ideal':>10} {'predicted':>10}   (ratios to k={base})")
+    predicted = {k: predicted_step_s(gens, t, sync_s, k) for k in args.ks} if gens else {}
     out = {}
     for k in args.ks:
         ratio = statistics.median(ratios[k])
-        predicted = predicted_step_s(g, t, k)  # PREDICTED beside MEASURED: connect to the compiler (async-cost)
-        shown = f"{(g + t) / predicted:.2f}x" if predicted else "-"
-        print(f"{k:>3} {statistics.median(figures[k]):>10.1f} {ratio:>11.2f}x {100 * ratio / ideal:>9.0f}% {shown:>10}")
+        shown = f"{predicted[base] / predicted[k]:.2f}x" if predicted else "-"
+        print(f"{k:>3} {statistics.median(figures[k]):>10.1f} {ratio:>9.2f}x {100 * ratio / ideal:>9.0f}% {shown:>10}")
         out[k] = ratio
     return out
 
