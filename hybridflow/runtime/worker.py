@@ -237,7 +237,8 @@ class Worker:
         if not hasattr(rollout, "generate_stream"):
             raise ExecutionError(f"role {role!r}: streamed generation (stream_rollouts) needs a rollout engine that "
                                  f"yields finished groups (hf); {type(rollout).__name__} has none. Set stream_rollouts=false")
-        yield from rollout.generate_stream(prompts, self._sampling(rollout, overrides))
+        for rows, piece in rollout.generate_stream(prompts, self._sampling(rollout, overrides)):
+            yield rows, with_policy_version(piece, rollout)
 
     def attach_envs(self, role: str, host: Any) -> None:
         """Run ``role``'s environments where ``host`` (an agent_loop.EnvHost: the plan's environment pool) puts them."""
