@@ -94,7 +94,6 @@ def run_overlapped(ex: "PlanExecutor", inputs: Inputs, next_inputs: Inputs | Seq
         raise ExecutionError(f"run_iteration: {len(following)} next_inputs for a plan with staleness {k}; give at most "
                              f"the next {k} steps' inputs")
     buffer: deque[Stream] = deque(ex.ahead or ())
-    ex.ahead = []
     if buffer and not _same_inputs(buffer[0].inputs, inputs):
         raise ExecutionError("run_iteration: these inputs are not the next_inputs given to the previous call, whose "
                              "generation is in flight; pass each step's inputs as next_inputs of the steps before")
@@ -106,6 +105,7 @@ def run_overlapped(ex: "PlanExecutor", inputs: Inputs, next_inputs: Inputs | Seq
     if len(following) < len(buffer):
         raise ExecutionError(f"run_iteration: {len(buffer)} generation(s) are in flight for the following steps, but "
                              f"next_inputs lists {len(following)}; list every one of them")
+    ex.ahead = []  # (a bad call above leaves the buffer as it was)
     # 1. this step's rollout, and the generation pool idle (every generation of the buffer finished)
     for stream in [current, *buffer]:
         ex.drive([stream], stream)
