@@ -244,6 +244,8 @@ class PromptLoader:
         self.dataset, self.batch_size = dataset, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch, self.index = 0, 0
+        self.last_indices: list[int] = []
+        """The dataset indices of the rows the last :meth:`next_batch` returned (the prompt ids a run logs)."""
 
     @property
     def batches_per_epoch(self) -> int:
@@ -265,7 +267,8 @@ class PromptLoader:
             self.epoch, self.index = self.epoch + 1, 0
         order = self._order(self.epoch)
         stop = min(self.index + self.batch_size, self._epoch_end())
-        rows = [dict(self.dataset[int(i)]) for i in order[self.index:stop]]
+        self.last_indices = [int(i) for i in order[self.index:stop]]
+        rows = [dict(self.dataset[i]) for i in self.last_indices]
         self.index = stop
         return rows
 

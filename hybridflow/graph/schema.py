@@ -74,9 +74,10 @@ PROMPTS = Schema.of("prompt_ids: int64[B, P]", "prompt_mask: int64[B, P]")
 ROLLOUT = Schema.of(
     "prompt_ids: int64[B, P]", "prompt_mask: int64[B, P]",
     "response_ids: int64[B, R]", "response_mask: float32[B, R]",
-    "rollout_log_probs: float32[B, R]", "group_index: int64[B]",
+    "rollout_log_probs: float32[B, R]", "group_index: int64[B]", "policy_version: int64[B, R]",
 )
-"""Generated responses with their prompts; ``group_index`` is the prompt each response answers."""
+"""Generated responses with their prompts; ``group_index`` is the prompt each response answers, ``policy_version``
+the version (training steps taken) of the weights that sampled each token (:mod:`hybridflow.runtime.policy_version`)."""
 
 AGENT_ROLLOUT = Schema.of(
     "turn_index: int64[B, R]", "num_turns: int64[B]", "env_reward: float32[B]",

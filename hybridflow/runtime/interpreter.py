@@ -241,8 +241,9 @@ class PlanExecutor(ABC):
         self.iteration = 0
         self.events = 0
         """How many sends and completions this executor has issued (each one's number goes to its op's span)."""
-        self.ahead: Stream | None = None
-        """Staleness 1: the next iteration's generation, left in flight by the last call (:mod:`.overlap`)."""
+        self.ahead: list[Stream] = []
+        """Staleness k: the next iterations' generations (at most k, in step order), left in flight or finished by
+        the last call (:mod:`.overlap`)."""
         self.watchdog: Watchdog | None = None
         """Reports (and stops, as configured) a plan run in which no op completes for a while (:mod:`.watchdog`)."""
         self.partial_rollouts = None
@@ -291,7 +292,8 @@ class PlanExecutor(ABC):
         return {}
 
     # -- one iteration -----------------------------------------------------------------------
-    def run_iteration(self, inputs: Mapping[str, Batch], *, next_inputs: Mapping[str, Batch] | None = None,
+    def run_iteration(self, inputs: Mapping[str, Batch], *,
+                      next_inputs: Mapping[str, Batch] | Sequence[Mapping[str, Batch]] | None = None,
                       params: Mapping[str, Mapping[str, object]] | None = None, refill: Refill | None = None) -> IterationResult:
         """Run every op of the plan once, feeding the graph inputs (e.g. ``{"prompts": batch}``).
 
@@ -301,9 +303,10 @@ class PlanExecutor(ABC):
         ``params`` (node name -> {parameter: value}) sets compute nodes' parameters for the ops
         this call runs (they run here, on the controller; see :meth:`Graph.with_params`).
 
-        With a plan of ``staleness`` 1, ``next_inputs`` are the next step's inputs: their generation
-        (the ops with ``iteration_offset`` 1) starts now, with the weights before this step's update,
-        runs while this step trains, and is what the next call trains on (see :mod:`.overlap`).
+        With a plan of ``staleness`` k > 0, ``next_inputs`` are the following steps' inputs, in order, at most
+        k of them (one mapping: the next step's): the generation of those not started yet (the ops with
+        ``iteration_offset`` k) starts now, with the weights before this step's update, runs while this step
+        trains, and is what a later call trains on (see :mod:`.overlap`).
 
         ``refill(round)`` gives the graph inputs of each further round of a dynamic-sampling
         region (the next prompts of the data); None: every round resamples ``inputs``.
@@ -322,8 +325,10 @@ class PlanExecutor(ABC):
             if self.graph.resample:
                 raise ExecutionError(f"graph {self.graph.name!r} resamples part of each iteration (dynamic sampling), which "
                                      f"a plan with staleness {self.plan.staleness} cannot overlap; compile it with staleness 0")
-            if next_inputs is not None:
-                self._check_inputs(next_inputs)
+            from .overlap import following_inputs
+
+            for following in following_inputs(next_inputs):
+                self._check_inputs(following)
             result = run_overlapped(self, inputs, next_inputs)
         result.metrics.update(graph_metrics(self.graph, result.env))
         return result

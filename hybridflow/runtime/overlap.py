@@ -1,36 +1,53 @@
-"""One-step-off overlap (``staleness`` 1): generation of step i+1 runs while step i trains.
+"""Bounded-staleness overlap (``staleness`` k >= 1): generation runs up to k steps ahead of training.
 
 The compiler marks the generation ops (a policy's weight sync and its generate
-nodes) of a ``staleness=1`` plan with ``iteration_offset`` 1 and drops the
+nodes) of a ``staleness=k`` plan with ``iteration_offset`` k and drops the
 edges from them to the ops that read the rollout, which must run on a pool of
-its own. A call ``run_iteration(inputs_i, next_inputs=inputs_i+1)`` then
+its own. The executor keeps a bounded buffer, :attr:`PlanExecutor.ahead`: the
+generations of the next steps, in step order, at most k of them, each in flight
+or finished. A call ``run_iteration(inputs_i, next_inputs=[inputs_i+1, ...,
+inputs_i+k])`` (the following steps' inputs, in order; fewer near the end of a
+run, a single mapping for k = 1)
 
-1. finishes the generation for ``inputs_i`` that the previous call started
-   (or, on the first call, runs it now: that rollout is on-policy);
-2. sends the generation for ``inputs_i+1``: its weight sync is queued on the
-   train pool ahead of this step's ops, so it carries the weights after step
-   i-1 — step i's update comes after it — and finds the generation pool idle,
-   so no collective of the sync waits on a long generation;
-3. runs step i's other ops on the rollout of ``inputs_i`` while step i+1's
-   generation runs on the generation pool, and returns as soon as step i is
-   done and step i+1's generation has been sent (its weight sync, queued before
-   step i's update, is done by then), leaving the generation in flight for the
-   next call.
+1. takes the generation for ``inputs_i`` from the front of the buffer (or, on
+   the first call, runs it now: that rollout is on-policy) and drives every
+   generation of the buffer to its end, so the generation pool is idle;
+2. sends the generation of the first step of ``next_inputs`` that is not in the
+   buffer yet: its weight sync is queued on the train pool ahead of this step's
+   ops, so it carries the weights after step i-1 (version i: step i's update
+   comes after it) and finds the generation pool idle, so no collective of the
+   sync waits on a long generation. While the buffer is still filling (the
+   first call) the further steps' generations are sent too, behind it on the
+   generation pool, without a sync of their own: no update comes between, so
+   they would carry the very same weights;
+3. runs step i's other ops on the rollout of ``inputs_i`` while the new
+   generations run on the generation pool, and returns as soon as step i is
+   done and the new generations have been sent (their weight sync is done by
+   then), leaving them in the buffer for the next calls.
 
-So the rollout trained at step i was sampled with weights one update older
-than the ones training on it; a graph with ``truncated_is_weight`` and
-``ppo_clip_is`` corrects the policy loss for that (truncated importance
-sampling between the rollout's and the current old log-probs). The step's
-metrics record it: ``rollout/staleness`` is 1 for a rollout generated during
-the previous step and 0 for one generated in this call.
+**Lag.** In the steady state the generation for step j = i+k is sent in the call
+that trains step i with weights of version i, so the rollout step j trains on
+lags by exactly k updates — the lag :func:`hybridflow.graph.staleness.edge_lags`
+gives the rollout edges of the plan. While the buffer fills, step j < k trains on
+a rollout of version 0 (lag j). Each token's version is in the rollout's
+``policy_version`` field (:mod:`.policy_version`); the trainer reports the lag as
+``rollout/staleness``. A graph with ``truncated_is_weight`` and ``ppo_clip_is``
+corrects the policy loss for it.
 
-With ``partial_rollouts: continue`` (:mod:`.partial`) the generation sent ahead runs in segments, and
+**What k > 1 buys.** The generation pool is made idle before each sync, so one
+generation runs beside each training step, as with k = 1; a larger k keeps
+finished rollouts ready but does not let a sync pass a generation in flight (a
+broadcast needs both sides). The throughput against k is measured by
+``tools/bench_async.py``.
+
+With ``partial_rollouts: continue`` (:mod:`.partial`) each generation sent ahead runs in segments, and
 once step i's update is done the rest of it is decoded with the weights after step i; each token's
 ``policy_version`` says which weights decoded it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from collections import deque
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import ExecutionError
 from ..batch import Batch
@@ -40,39 +57,74 @@ from .partial import segment_generation
 if TYPE_CHECKING:
     from .interpreter import PlanExecutor
 
-__all__ = ["run_overlapped"]
+__all__ = ["run_overlapped", "following_inputs"]
+
+Inputs = Mapping[str, Batch]
 
 
-def _same_inputs(a: Mapping[str, Batch], b: Mapping[str, Batch]) -> bool:
+def _same_inputs(a: Inputs, b: Inputs) -> bool:
     return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
 
 
-def run_overlapped(ex: "PlanExecutor", inputs: Mapping[str, Batch], next_inputs: Mapping[str, Batch] | None) -> IterationResult:
-    """One call of a staleness-1 plan (see the module docstring)."""
-    ahead_ops = [op for op in ex.plan.ops if op.iteration_offset > 0]
-    if any(op.iteration_offset > 1 for op in ahead_ops):
-        raise ExecutionError(f"plan staleness {ex.plan.staleness}: the executor overlaps one step (staleness 1); "
-                             "compile with staleness=1")
-    current_ops = [op for op in ex.plan.ops if op.iteration_offset == 0]
-    carried, ex.ahead = ex.ahead, None
-    if carried is not None and not _same_inputs(carried.inputs, inputs):
+def following_inputs(next_inputs: Inputs | Sequence[Inputs] | None) -> list[Inputs]:
+    """``next_inputs`` of :meth:`~.interpreter.PlanExecutor.run_iteration` as a list: the following steps' inputs."""
+    if next_inputs is None:
+        return []
+    if isinstance(next_inputs, Mapping):
+        return [next_inputs]
+    return list(next_inputs)
+
+
+def _generation(ex: "PlanExecutor", inputs: Inputs, iteration: int, *, with_sync: bool) -> Stream:
+    """A stream of the plan's ahead ops for ``inputs``; without its weight syncs when ``with_sync`` is False (they
+    are marked done: the generation pool keeps the weights the sync before it brought)."""
+    ahead = [op for op in ex.plan.ops if op.iteration_offset > 0]
+    stream = Stream(ahead, IterationState(env=dict(inputs)), iteration, inputs=inputs)
+    if not with_sync:
+        syncs = {op.name for op in ahead if op.kind == "weight_sync"}
+        stream.pending = [op for op in ahead if op.name not in syncs]
+        stream.done.update(syncs)
+    return stream
+
+
+def run_overlapped(ex: "PlanExecutor", inputs: Inputs, next_inputs: Inputs | Sequence[Inputs] | None) -> IterationResult:
+    """One call of a plan with staleness k >= 1 (see the module docstring)."""
+    k = ex.plan.staleness
+    offsets = {op.iteration_offset for op in ex.plan.ops if op.iteration_offset > 0}
+    if offsets != {k}:
+        raise ExecutionError(f"plan staleness {k}: its generation ops work at offsets {sorted(offsets)}, not {k}; "
+                             "compile the plan with hybridflow.compiler (the schedule pass sets them)")
+    following = following_inputs(next_inputs)
+    if len(following) > k:
+        raise ExecutionError(f"run_iteration: {len(following)} next_inputs for a plan with staleness {k}; give at most "
+                             f"the next {k} steps' inputs")
+    buffer: deque[Stream] = deque(ex.ahead or ())
+    if buffer and not _same_inputs(buffer[0].inputs, inputs):
         raise ExecutionError("run_iteration: these inputs are not the next_inputs given to the previous call, whose "
-                             "generation is in flight; pass each step's inputs as next_inputs of the step before")
-    generation = carried or Stream(list(ahead_ops), IterationState(env=dict(inputs)), ex.iteration, inputs=inputs)
-    ex.drive([generation], generation)
-    rollout = {name: batch for name, batch in generation.state.env.items() if name not in inputs}
-    step = Stream(list(current_ops), IterationState(env={**inputs, **rollout}, metrics=dict(generation.state.metrics)),
-                  ex.iteration)
-    step.state.metrics["rollout/staleness"] = 1.0 if carried is not None else 0.0
-    streams = [step]
-    following = None
-    if next_inputs is not None:
-        # Sent first, so its weight sync is queued on the train pool ahead of this step's update; sent after this
-        # step's rollout is in, so the generation pool is free to receive at once (no collective waits on it).
-        following = Stream(list(ahead_ops), IterationState(env=dict(next_inputs)), ex.iteration + 1, inputs=next_inputs)
-        segment_generation(ex, following, step)  # partial_rollouts: continue -> in segments, newer weights mid-way
-        streams.insert(0, following)
-    ex.drive(streams, step, settle=[following] if following else [])
-    ex.ahead = following
+                             "generation is in flight; pass each step's inputs as next_inputs of the steps before")
+    current = buffer.popleft() if buffer else _generation(ex, inputs, ex.iteration, with_sync=True)
+    for stream, given in zip(buffer, following):
+        if not _same_inputs(stream.inputs, given):
+            raise ExecutionError("run_iteration: next_inputs must list the following steps' inputs in order, starting "
+                                 "with the ones given before (whose generations are in flight)")
+    if len(following) < len(buffer):
+        raise ExecutionError(f"run_iteration: {len(buffer)} generation(s) are in flight for the following steps, but "
+                             f"next_inputs lists {len(following)}; list every one of them")
+    ex.ahead = []  # (a bad call above leaves the buffer as it was)
+    # 1. this step's rollout, and the generation pool idle (every generation of the buffer finished)
+    for stream in [current, *buffer]:
+        ex.drive([stream], stream)
+    rollout = {name: batch for name, batch in current.state.env.items() if name not in inputs}
+    step = Stream([op for op in ex.plan.ops if op.iteration_offset == 0],
+                  IterationState(env={**inputs, **rollout}, metrics=dict(current.state.metrics)), ex.iteration)
+    # 2. the generations not yet in the buffer; the first one's weight sync queued ahead of this step's update
+    base = ex.iteration + 1
+    new = [_generation(ex, given, base + j, with_sync=(j == len(buffer)))
+           for j, given in enumerate(following) if j >= len(buffer)]
+    for generation in new:  # partial_rollouts: continue -> in segments, newer weights mid-way
+        segment_generation(ex, generation, step)
+    # 3. this step, with the new generations sent before it (sends keep each pool's order: syncs first)
+    ex.drive([*new, step], step, settle=new)
+    ex.ahead = [*buffer, *new]
     ex.iteration += 1
     return IterationResult(env=step.state.env, metrics=step.state.metrics)

@@ -14,7 +14,7 @@ When the current step's update is done, the policy is newer than the weights tha
   verl's fully asynchronous trainer calls partial rollout; slime aborts and resumes requests likewise.
 
 Each response token carries the version of the weights that decoded it: the generate output's
-``policy_version`` int64[B, R] (weight syncs the rollout engine had applied; -1 at padding), so a
+``policy_version`` int64[B, R] (the trained policy's step count of the weights that decoded each token, -1 at padding: :mod:`.policy_version`), so a
 continued response switches version exactly at the cut.
 
 Everything is a plan op, sent through the interpreter's one run loop: the first segment is the plan's

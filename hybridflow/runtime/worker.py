@@ -52,6 +52,7 @@ from .roles import RoleEngines, RoleSpec, build_engines
 from .slot_engines import build_slot_engines
 from .topology import Slot, pool_group
 from .watchdog import thread_stacks
+from .policy_version import VERSION_SUFFIX, policy_version, set_weight_version, with_policy_version
 from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
 
 __all__ = ["Worker", "SEED_STRIDE"]
@@ -217,15 +218,16 @@ class Worker:
             if agent is not None:
                 raise AgentError(f"role {role!r}: partial rollouts cut single-turn generations; a rollout with "
                                  f"env={agent.get('env')!r} runs whole (partial_rollouts: finish)")
-            return rollout.generate(prompts, params, segment_tokens=partial.get("segment_tokens"),
-                                    resume=bool(partial.get("resume", False)))
+            return with_policy_version(rollout.generate(prompts, params, segment_tokens=partial.get("segment_tokens"),
+                                                        resume=bool(partial.get("resume", False))), rollout)
         if agent is None:
-            return rollout.generate(prompts, params)
+            return with_policy_version(rollout.generate(prompts, params), rollout)
         if not hasattr(rollout, "generate_agentic"):
             raise AgentError(f"role {role!r}: a rollout with env={agent.get('env')!r} needs a rollout engine with an "
                              f"agent loop (hf, vllm); {type(rollout).__name__} has none")
         host = {"envs": self.env_hosts[role]} if role in self.env_hosts else {}
-        return rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)), **host)
+        out = rollout.generate_agentic(prompts, params, AgentParams.model_validate(dict(agent)), **host)
+        return with_policy_version(out, rollout)
 
     def _sampling(self, rollout: Any, overrides: Mapping[str, object]) -> SamplingParams:
         """The engine's sampling with a node's ``overrides`` on top (rank r: ``seed + r * SEED_STRIDE``)."""
@@ -245,7 +247,8 @@ class Worker:
         if not hasattr(rollout, "generate_stream"):
             raise ExecutionError(f"role {role!r}: streamed generation (stream_rollouts) needs a rollout engine that "
                                  f"yields finished groups (hf); {type(rollout).__name__} has none. Set stream_rollouts=false")
-        yield from rollout.generate_stream(prompts, self._sampling(rollout, overrides))
+        for rows, piece in rollout.generate_stream(prompts, self._sampling(rollout, overrides)):
+            yield rows, with_policy_version(piece, rollout)
 
     def attach_envs(self, role: str, host: Any) -> None:
         """Run ``role``'s environments where ``host`` (an agent_loop.EnvHost: the plan's environment pool) puts them."""
@@ -268,7 +271,8 @@ class Worker:
         """Hybrid engine: stream the train engine's full tensors into the rollout engine in buckets; nothing moves
         (all-zero stats) when the two share one module."""
         engines = self.engines_for(role, "rollout")
-        engines.rollout.policy_version += 1  # shared or copied, the rollout now samples from the trained weights
+        if engines.train is not None:
+            set_weight_version(engines.rollout, policy_version(engines.train))
         if engines.train is None or engines.rollout.shares_weights_with(engines.train):
             return SyncStats(0, 0, 0, 0, 0.0)
         return stream_into(engines.rollout, engines.train.named_weights(), bucket_bytes=self.bucket_bytes)
@@ -280,12 +284,17 @@ class Worker:
         if self.mailbox is not None:  # local: hand the tensors to the receiving slot of this process
             named = [(name, tensor.detach()) for name, tensor in train.named_weights()]
             self.mailbox[group] = named
+            self.mailbox[group + VERSION_SUFFIX] = policy_version(train)
             moved = sum(t.numel() * t.element_size() for _, t in named)
             return SyncStats(len(named), moved, 1, 0, time.time() - start)
         specs = tensor_specs(dict(synced_weights(train.module, train.module.state_dict().items())))
-        return broadcast_send(train.named_weights(), specs, group=self.groups.get(group), src=src,
-                              is_src=self.slot.global_rank == src, device=self.group_devices.get(group, torch.device("cpu")),
-                              bucket_bytes=self.bucket_bytes)
+        device, is_src = self.group_devices.get(group, torch.device("cpu")), self.slot.global_rank == src
+        stats = broadcast_send(train.named_weights(), specs, group=self.groups.get(group), src=src, is_src=is_src,
+                               device=device, bucket_bytes=self.bucket_bytes)
+        if is_src:  # the weights' version follows them: the receivers' rollout engines record it
+            dist.broadcast(torch.tensor([policy_version(train)], dtype=torch.int64, device=device), src=src,
+                           group=self.groups.get(group))
+        return stats
 
     def receive_weights(self, role: str, group: str, src: int) -> SyncStats:
         """Generation pool side of a cross-pool sync."""
@@ -294,10 +303,13 @@ class Worker:
             if group not in self.mailbox:
                 raise ExecutionError(f"slot {self.slot.describe()}: weight sync {group!r} received before it was sent")
             stats = stream_into(rollout, self.mailbox.pop(group), bucket_bytes=self.bucket_bytes)
-        else:
-            stats = broadcast_receive(rollout, group=self.groups[group], src=src, device=self.group_devices[group],
-                                      bucket_bytes=self.bucket_bytes)
-        rollout.policy_version += 1
+            set_weight_version(rollout, self.mailbox.pop(group + VERSION_SUFFIX))
+            return stats
+        stats = broadcast_receive(rollout, group=self.groups[group], src=src, device=self.group_devices[group],
+                                  bucket_bytes=self.bucket_bytes)
+        version = torch.zeros(1, dtype=torch.int64, device=self.group_devices[group])
+        dist.broadcast(version, src=src, group=self.groups[group])
+        set_weight_version(rollout, int(version.item()))
         return stats
 
     def offload(self, role: str, items: Sequence[str]) -> None:

@@ -14,6 +14,12 @@ one data-parallel size resumes at another (DCP reshards).
 that verifies (corrupt or partial ones are skipped with a warning), or starts fresh when
 there is none; ``"never"`` starts fresh, and refuses a folder that holds checkpoints unless
 ``overwrite=True`` (then they are deleted); any other value is the path of one checkpoint folder, which must verify.
+
+With ``staleness`` k > 0 the generations of up to k following steps are in flight at a checkpoint. They are
+not saved: the loader position in the checkpoint is the one before their prompts were drawn
+(:mod:`.prompt_queue`), so a resumed run draws and generates them again with the restored weights, and trains
+on exactly the prompts an uninterrupted run trains on. Their lag after the resume is that of a run's start
+(0, 1, ..., k-1 updates), not k.
 """
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ from .config import PPOConfig, algorithm_attrs
 from .determinism import check_determinism
 from .metrics import Tracker, nan_streak, recorded_history, timing_metrics
 from .progress import StepProgress
+from .prompt_log import PromptLog
+from .prompt_queue import PromptQueue
 from .role_specs import reward_spec, role_specs
 from .run_lock import RunLock
 from .run_record import ValueHashes, write_run_record
@@ -79,8 +81,10 @@ class Trainer:
         """'SIGINT' or 'SIGTERM' when a signal stopped the last train() early (see :mod:`.interrupt`)."""
         self._saved_step = 0
         self._lock = RunLock(self.output_dir)
-        self._ahead: tuple[list[dict], Any] | None = None
-        """staleness 1: the next step's rows and prompt batch, whose generation is in flight."""
+        self.prompts: PromptQueue | None = None
+        """The next steps' prompts, up to ``staleness`` drawn ahead (:mod:`.prompt_queue`)."""
+        self.prompt_log: PromptLog | None = None
+        """Each step's prompt ids, in output_dir/prompts.jsonl (:mod:`.prompt_log`)."""
         self._validation_plan = None
         self.calibration_check = None
         """The drift check of the run's calibration once steps 1-3 ran (:mod:`.calibration_check`), else None."""
@@ -176,7 +180,9 @@ class Trainer:
             self.executor.partial_rollouts = PartialRollouts(cfg.partial_rollouts, cfg.partial_segment_tokens)
         self.algorithm_state = AlgorithmState(self.definition.state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
+        self.prompts = PromptQueue(self.loader, self._prompt_batch)
         self._resume()
+        self.prompt_log = PromptLog(self.output_dir, self.step if self.resumed_from else None)
         self.value_hashes = ValueHashes(self.output_dir / "hashes.jsonl", resume_step=self.step if self.resumed_from else None,
                                         plan=self.plan) if cfg.record_hashes else None
         if self._trackers is None:
@@ -306,35 +312,39 @@ class Trainer:
         log.warning("%s -- restart %d of %d: new workers, resuming from the newest checkpoint", err, used + 1,
                     self.config.max_restarts)
         self.executor.restart()
-        self._ahead = None  # its generation died with the workers
+        self.prompts.clear()  # their generations died with the workers; the checkpoint's loader position draws them again
         self._restore(resume_newest(self._checkpoint_scope()))
-        for tracker in [*(self._trackers or ()), *filter(None, [self.value_hashes])]:  # the steps after the checkpoint
+        for tracker in [*(self._trackers or ()), *filter(None, [self.value_hashes, self.prompt_log])]:  # the steps after the checkpoint
             if hasattr(tracker, "rewind"):                                            # are run again: log each once
                 tracker.rewind(self.step)
         return used + 1
 
     def _next_rows(self) -> list[dict]:
-        """The next step's prompt rows: the ones whose generation already started (staleness 1), else the loader's."""
-        if self._ahead is not None:
-            return self._ahead[0]
-        return self.loader.next_batch()
+        """The next step's prompt rows: the ones whose generation already started (staleness k), else the loader's."""
+        return self.prompts.next().rows
 
     def _prompt_batch(self, rows: list[dict]):
         from ..data import make_prompt_batch
 
-        if self._ahead is not None and self._ahead[0] is rows:
-            return self._ahead[1]  # the very batch the executor is generating for
+        current = self.prompts.current if self.prompts is not None else None
+        if current is not None and current.rows is rows:
+            return current.batch  # the very batch the executor is generating for
         return make_prompt_batch(rows, self.tokenizer, max_prompt_length=self.config.max_prompt_length,
                                  apply_chat_template=self.config.apply_chat_template, cache=self._prompt_tokens)
 
     def train_step(self, rows: list[dict]) -> dict[str, float]:
-        """One iteration of the plan on ``rows``; with a staleness-1 plan, the next step's generation starts now."""
+        """One iteration of the plan on ``rows``; with a staleness-k plan, the following steps' generations (up to k,
+        drawn from the loader in order, none past ``max_steps``) are started."""
+        from ..runtime.policy_version import staleness_metrics
+
         prompts = self._prompt_batch(rows)
-        self._ahead, ahead = None, {}
-        if self.plan.staleness and self.step < self.config.max_steps:
-            following = self.loader.next_batch()
-            self._ahead = (following, self._prompt_batch(following))
-            ahead = {"next_inputs": {"prompts": self._ahead[1]}}
+        current = self.prompts.start_step(rows)
+        ahead: dict = {}
+        if self.plan.staleness:  # the following steps' prompts, none past max_steps
+            following = self.prompts.fill(min(self.plan.staleness, self.config.max_steps - self.step))
+            ahead = {"next_inputs": [{"prompts": drawn.batch} for drawn in following]}
+        if self.prompt_log is not None and current is not None:
+            self.prompt_log.record(self.step, current.indices)
         start, first_span = time.perf_counter(), len(self.executor.recorder.spans)
         if self.graph.resample:  # dynamic sampling: each further round draws the loader's next prompts
             ahead["refill"] = lambda round_: {"prompts": self._prompt_batch(self.loader.next_batch())}
@@ -355,6 +365,7 @@ class Trainer:
                      if n != "prompts" and "response_mask" in b.tensors.keys())
         metrics["timing_s/step"] = elapsed
         metrics["perf/throughput"] = tokens / max(elapsed, 1e-9)
+        metrics.update(staleness_metrics(result.env, trainer_version=self.step - 1))  # steps done before this one
         if self.config.trajectory_log_samples:
             log_trajectories(self.output_dir, self.step, result.env, self.config.trajectory_log_samples)
         if self.value_hashes is not None:
@@ -430,7 +441,7 @@ class Trainer:
 
         if self.progress is not None:
             self.progress.phase("save checkpoint")
-        state = {"loader": self.loader.state_dict(), "nan_streak": self._nan_streak,
+        state = {"loader": self.prompts.loader_state(), "nan_streak": self._nan_streak,
                  "algorithm_state": self.algorithm_state.state_dict()}
         self.last_checkpoint = save_run(self._checkpoint_scope(), self.step, state)
         self._saved_step = self.step

@@ -188,7 +188,8 @@ def test_inputs_bound_in_two_scopes_must_agree():
     graph = ALGORITHMS["grpo"].build(n=2, kl_loss=False)
     rollout = Batch({"prompt_ids": torch.zeros(4, 2, dtype=torch.long), "prompt_mask": torch.ones(4, 2, dtype=torch.long),
                      "response_ids": torch.zeros(4, 3, dtype=torch.long), "response_mask": torch.ones(4, 3),
-                     "rollout_log_probs": torch.zeros(4, 3), "group_index": torch.tensor([0, 0, 1, 1])})
+                     "rollout_log_probs": torch.zeros(4, 3), "group_index": torch.tensor([0, 0, 1, 1]),
+                     "policy_version": torch.zeros(4, 3, dtype=torch.long)})
     generation_metrics, step_metrics = {}, {}
     contracts.check_node_output(graph.node("actor.generate"), rollout, generation_metrics)
     scores = Batch({"scores": torch.ones(4)})

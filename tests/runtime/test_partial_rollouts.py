@@ -96,9 +96,10 @@ def test_continue_switches_to_the_updated_weights_at_a_segment_boundary():
     mask = rollout["response_mask"]
     assert bool((mask == 1).all())
     versions = rollout["policy_version"]
-    # versions count the syncs the generation pool applied: 1 for step 0's rollout, 2 and 3 here
-    assert torch.equal(first.env["actor.generate"]["policy_version"], torch.ones_like(versions))
-    assert torch.equal(versions, torch.where(torch.arange(LENGTH) < switch, 2, 3).expand_as(versions))
+    # versions are the trained policy's step count: 0 (initial weights) for step 0's rollout and for this one's
+    # tokens before the switch, 1 (after step 0's update) from the switch on
+    assert torch.equal(first.env["actor.generate"]["policy_version"], torch.zeros_like(versions))
+    assert torch.equal(versions, torch.where(torch.arange(LENGTH) < switch, 0, 1).expand_as(versions))
     assert second.metrics["actor.generate/segments"] == LENGTH // SEGMENT
     assert second.metrics["actor.generate/midway_syncs"] == 1.0
     assert "decoded_steps" not in rollout and "rollout_finished" not in rollout
@@ -116,7 +117,7 @@ def test_finish_runs_the_generation_whole_with_the_weights_it_started_with():
     assert [s.op for s in segments] == ["actor.generate"]
     assert [s.op for s in spans_of(executor, 1, "pool0", "actor.weight_sync")] == ["actor.weight_sync"]
     rollout = second.env["actor.generate"]
-    assert torch.equal(rollout["policy_version"], torch.full_like(rollout["policy_version"], 2))
+    assert torch.equal(rollout["policy_version"], torch.zeros_like(rollout["policy_version"]))  # initial weights
     old, new = log_probs_under(before, rollout), log_probs_under(after, rollout)
     assert (rollout["rollout_log_probs"] - old).abs().max() < 1e-5
     assert (rollout["rollout_log_probs"] - new).abs().max() > 1e-3  # not a token of the updated weights

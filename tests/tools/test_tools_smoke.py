@@ -7,7 +7,7 @@ the flags allow, and each test checks what the tool printed or wrote, never how 
 
 Not run for real here, and why (each still gets ``--help``):
 
-* The Ray benchmarks (bench_checkpoint, bench_dispatch, bench_overlap, bench_weight_sync, bench_streaming's
+* The Ray benchmarks (bench_async, bench_checkpoint, bench_dispatch, bench_overlap, bench_weight_sync, bench_streaming's
   default, and bench_placements' Ray rows): a Ray instance and its worker processes, each importing torch, cost
   ~85 s of CPU for bench_overlap's smallest run on 2 cores, several times this file's budget. Their
   set-up before Ray (the plans of the default form compile and bind on this machine: where three of
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools"
 
 SCRIPTS = (
-    "bench_agent_calc.py", "bench_agent_rollout.py", "sandbox_faults.py",
+    "bench_agent_calc.py", "bench_agent_rollout.py", "bench_async.py", "sandbox_faults.py",
     "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "compare_verl_corrections.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
@@ -360,6 +360,26 @@ def test_bench_overlap_default_plans_fit_this_machine():
     for staleness, plan in plans.items():
         assert plan.staleness == staleness and plan.machine.startswith("ray: 2 CPU slots")
         assert plan.placement("actor").generation_pool
+
+
+def test_bench_async_default_plans_fit_this_machine(capsys):
+    """The plan of every k of the default form (0, 1, 2, 4) compiles for its model and binds to the Ray CPU slots,
+    generation on a pool of its own working k steps ahead; the report prints a row per k, predicted beside measured."""
+    bench = tool("bench_async.py")
+    args = bench.parse_args([])
+    _, batches, plans = bench.workload(args)
+    assert sorted(plans) == [0, 1, 2, 4] and len(batches) == args.warmup + args.steps + 4
+    for k, plan in plans.items():
+        assert plan.staleness == k and plan.machine.startswith("ray: 2 CPU slots")
+        assert plan.placement("actor").generation_pool
+        assert {op.iteration_offset for op in plan.ops if op.node == "actor.generate"} == {k}
+    # the report of made-up figures: g = t = 1 s, no sync: ideal 2x, predicted 2x for every k >= 1 (collective sync)
+    ratios = bench.report({k: [10.0 * (1 + k)] for k in args.ks}, {k: [1.0 + k] for k in args.ks}, [1.0, 1.0], 1.0, 0.0,
+                          args)
+    out = capsys.readouterr().out
+    assert ratios == {0: 1.0, 1: 2.0, 2: 3.0, 4: 5.0} and "= 2.00x" in out
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("0", "1", "2", "4")]
+    assert [row[-1] for row in rows] == ["1.00x", "2.00x", "2.00x", "2.00x"]  # predicted beside measured
 
 
 def test_bench_dispatch_plan_binds():

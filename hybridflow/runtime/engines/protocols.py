@@ -15,7 +15,8 @@ including the first EOS or pad), ``rollout_log_probs`` float32 ``(b·n, R)``
 (``log_softmax(logits / T)`` at the sampled token, before top-k/top-p
 truncation, 0 at padding), ``group_index`` int64 ``(b·n,)``, ``policy_version``
 int64 ``(b·n, R)`` (the engine's :attr:`~RolloutEngine.policy_version` when each
-token was decoded, -1 at padding) and, with a tokenizer, the ``responses`` text column.
+token was decoded, -1 at padding; a weight sync sets it to the trained policy's step count,
+:mod:`hybridflow.runtime.policy_version`) and, with a tokenizer, the ``responses`` text column.
 Partial rollouts (``segment_tokens``, ``resume``) are described in :mod:`.segments`.
 """
 from __future__ import annotations

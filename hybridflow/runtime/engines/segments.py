@@ -19,7 +19,7 @@ interrupted at a weight update, their KV caches recomputed under the new weights
 on), at the granularity of a segment rather than a token.
 
 Every generate output carries ``policy_version`` int64[B, R]: the engine's
-:attr:`policy_version` (weight syncs applied) when each token was decoded, -1 at padding; the tokens of
+:attr:`policy_version` (the trained policy's step count its weights come from, set by each weight sync) when each token was decoded, -1 at padding; the tokens of
 a continued row switch version exactly at the cut.
 
 The functions here are pure tensor bookkeeping; the engines (:mod:`.rollout_hf`, :mod:`.vllm_segments`) decode.

@@ -188,7 +188,7 @@ class RayExecutor(PlanExecutor):
     def restart(self) -> None:
         """Kill every slot and start a fresh worker group (engines rebuilt from the specs); the slots of a plan node
         whose Ray node left the cluster go to a node that replaced it (:func:`.cluster.replace_lost_nodes`)."""
-        self.ahead = None
+        self.ahead = []
         self._stop_workers()
         deadline = time.monotonic() + self._options["setup_timeout_s"]
         for attempt in itertools.count():

@@ -1,4 +1,4 @@
-"""Overlap (staleness 1): generation of step i+1 runs while step i trains, with the weights after step i-1.
+"""Overlap (staleness k): generation of step i+k runs while step i trains, with the weights after step i-1.
 
 GRPO with the truncated-IS policy loss; the rollout has a pool of its own. Each call gets the next
 step's prompts, starts their generation right after the weight sync (queued ahead of this step's
@@ -42,7 +42,8 @@ def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluste
             results.append(executor.run_iteration(batches[i], next_inputs=batches[i + 1]))
             weights.append(train_state(executor, "actor")["model"])
         spans = executor.trace_spans()
-    assert [r.metrics["rollout/staleness"] for r in results] == [0.0, 1.0, 1.0]
+    # every token of step i's rollout was sampled by weights of version max(i-1, 0) (training steps taken)
+    assert [r.env["actor.generate"]["policy_version"].unique().tolist() for r in results] == [[0], [0], [1]]
     for i, result in enumerate(results):
         rollout, mask = result.env["actor.generate"], result.env["actor.generate"]["response_mask"]
         old = result.env["actor.logprob"]["old_log_probs"]
@@ -66,3 +67,41 @@ def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluste
         assert sync.call == generate.call == update.call == i
         assert sync.sent < update.sent and sync.done < generate.sent
     assert "actor.update" not in plan.upstream("actor.generate")  # the compiler's decision: no wait on the update
+
+
+@pytest.mark.e2e
+def test_staleness_k_trains_on_rollouts_exactly_as_old_as_the_compiled_lags(ray_cluster):
+    # k = 3: a buffer of up to 3 generations ahead. The versions each rollout records (training steps of the weights
+    # that sampled it) against the step that trains on it give the lag, which is what the compiled plan's edges say:
+    # step i < k trains on the first weights (lag i, the buffer filling), every later step on lag exactly k.
+    from hybridflow.graph.staleness import edge_lags
+
+    k, steps = 3, 6
+    graph = grpo_tis.build(n=2, cap=CAP)
+    plan = compiled_plan(graph, "split", 2, staleness=k)
+    offsets = {op.node: op.iteration_offset for op in plan.ops if op.kind == "node"}
+    lags = {e.consumer: lag for e, lag in edge_lags(plan.graph, offsets=offsets).items() if e.producer == "actor.generate"}
+    assert lags["actor.update"] == k and offsets["actor.generate"] == k
+    batches = [{"prompts": prompts(i)} for i in range(steps)]
+    with RayExecutor(plan, role_specs(graph, lr=5e-2)) as executor:
+        weights = [train_state(executor, "actor")["model"]]  # weights[v]: version v (before step v's update)
+        results = []
+        for i in range(steps):
+            following = batches[i + 1:min(i + 1 + k, steps)]
+            results.append(executor.run_iteration(batches[i], next_inputs=following))
+            assert len(executor.ahead) == len(following) <= k  # the bounded buffer
+            weights.append(train_state(executor, "actor")["model"])
+        spans = executor.trace_spans()
+    for i, result in enumerate(results):
+        rollout = result.env["actor.generate"]
+        versions = rollout["policy_version"].unique().tolist()
+        assert len(versions) == 1
+        assert i - versions[0] == (lags["actor.update"] if i >= k else i), (i, versions)
+        # the version is the weights': the rollout's log-probs are those weights' log-probs
+        mask = rollout["response_mask"]
+        assert ((_log_probs_under(weights[versions[0]], rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
+    # one weight sync per generation once the buffer is full (call i sends step i+k's), queued ahead of step i's update
+    for i in range(1, steps - k):
+        sync = [s for s in spans if s.op == "actor.weight_sync" and s.iteration == i + k and s.device == "pool0"]
+        update = [s for s in spans if s.op == "actor.update" and s.iteration == i and s.device == "pool0"]
+        assert len(sync) == len(update) == 1 and sync[0].call == update[0].call == i and sync[0].sent < update[0].sent
