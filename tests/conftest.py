@@ -16,8 +16,9 @@ share it: a profile one of them measured is not measured again by the other.
 
 Where bytecode is not written (``PYTHONDONTWRITEBYTECODE``, as on some CI machines and sandboxes), every process
 the suite starts would compile this checkout's ~150 modules from source again: each Ray worker, each command run as
-a subprocess, ~0.4 s of CPU apiece (measured: importing the trainer, the Ray executor and the worker takes 2.9 s of
-CPU without their bytecode, 2.5 s with it), hundreds of times per suite. So the process that starts the workers
+a subprocess: ~0.17 s of CPU apiece, a few hundred times per suite (``tools/bench_bytecode.py``: importing the
+trainer, the Ray executor and the worker took 2.69 s of CPU from source and 2.51 s from bytecode, medians of 6
+processes each, interleaved; compiling both packages once costs ~0.3 s). So the process that starts the workers
 writes the bytecode of ``hybridflow`` and ``hybridflow_ops`` once, where Python would have put it (``__pycache__``,
 git-ignored; up-to-date files are left alone), and every process reads it; nothing else changes.
 
