@@ -38,6 +38,7 @@ os.environ.setdefault("HYBRIDFLOW_TEST_CACHE", os.environ["HYBRIDFLOW_CACHE"])  
 os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
 import pytest  # noqa: E402
+from cpu_log import pytest_runtest_protocol  # noqa: E402,F401  (HYBRIDFLOW_TEST_CPU_LOG=PREFIX: CPU seconds per test)
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 
