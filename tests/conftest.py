@@ -14,6 +14,14 @@ suite loads the machine would otherwise make later real runs predict from it. Th
 once, in the process that starts the workers, so that both workers (and the processes they start)
 share it: a profile one of them measured is not measured again by the other.
 
+Where bytecode is not written (``PYTHONDONTWRITEBYTECODE``, as on some CI machines and sandboxes), every process
+the suite starts would compile this checkout's ~150 modules from source again: each Ray worker, each command run as
+a subprocess: ~0.17 s of CPU apiece, a few hundred times per suite (``tools/bench_bytecode.py``: importing the
+trainer, the Ray executor and the worker took 2.69 s of CPU from source and 2.51 s from bytecode, medians of 6
+processes each, interleaved; compiling both packages once costs ~0.3 s). So the process that starts the workers
+writes the bytecode of ``hybridflow`` and ``hybridflow_ops`` once, where Python would have put it (``__pycache__``,
+git-ignored; up-to-date files are left alone), and every process reads it; nothing else changes.
+
 The fixtures of the tests that train (``tiny_model_dir``: a tiny random-weight model folder, made once per
 process; ``fast_config``: a PPOConfig factory for a few quick steps on it) are at the end.
 """
@@ -30,7 +38,29 @@ os.environ.setdefault("HYBRIDFLOW_TEST_CACHE", os.environ["HYBRIDFLOW_CACHE"])  
 os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
 import pytest  # noqa: E402
+from cpu_log import pytest_runtest_protocol  # noqa: E402,F401  (HYBRIDFLOW_TEST_CPU_LOG=PREFIX: CPU seconds per test)
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+
+def _write_bytecode_of_the_checkout() -> None:
+    """Compile ``hybridflow`` and ``hybridflow_ops`` to ``__pycache__`` once, in the process that starts the workers,
+    where the environment keeps Python from writing bytecode itself (see the module docstring)."""
+    import sys
+
+    if not sys.flags.dont_write_bytecode or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # Python writes it as it imports; or the controller already did
+    import compileall
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("hybridflow", "hybridflow_ops"):
+        try:
+            compileall.compile_dir(root / package, quiet=2)
+        except OSError:  # a read-only checkout: every process compiles in memory, as before
+            return
+
+
+_write_bytecode_of_the_checkout()
 
 # Hypothesis checks nothing about time here: by default it fails an example that runs longer than
 # 200 ms (``deadline``) and a strategy that generates slowly (``too_slow``), which on a loaded 2-core
@@ -54,6 +84,22 @@ LONGEST = (
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist installed: keep the order set below
         config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Let pytest keep the test modules it rewrote for its asserts (``__pycache__/*-pytest-*.pyc``, git-ignored) even
+    where ``PYTHONDONTWRITEBYTECODE`` is set: rewriting and compiling the ~180 test modules costs each process that
+    collects them (both xdist workers) ~3 s of CPU, which a later run of the same checkout then reads instead
+    (``pytest --collect-only`` on a busy 2-core machine: 10.4 s of CPU without them, 7.3 s with them). Only the
+    collection writes bytecode; the tests run as the environment asks."""
+    import sys
+
+    keep, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = keep
 
 
 def _apply_xdist_groups(config, items) -> None:

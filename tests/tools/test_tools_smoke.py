@@ -43,7 +43,7 @@ TOOLS = ROOT / "tools"
 
 SCRIPTS = (
     "bench_agent_calc.py", "bench_agent_rollout.py", "bench_async.py", "sandbox_faults.py",
-    "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "compare_verl_corrections.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
+    "bench_bytecode.py", "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "compare_verl_corrections.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
@@ -138,6 +138,13 @@ def test_bench_hashes_times_steps_with_and_without_hashes(capsys):
     figures = json.loads(out.strip().splitlines()[-1])
     # 4 counted steps interleaved on, off, off, on: two of each; every node output's tensors hashed per step
     assert figures["steps_each"] == 2 and figures["lines_per_step"] >= 10 and figures["record_s"] > 0
+
+
+def test_bench_bytecode_times_imports_from_source_and_from_bytecode(capsys):
+    result, out = run("bench_bytecode.py", ["--rounds", "1", "--modules", "hybridflow.errors", "--json"], capsys)
+    assert json.loads(out) == result
+    assert result["processes_each"] == 2 and result["modules"] == ["hybridflow.errors"]
+    assert result["source_s"] > 0 and result["bytecode_s"] > 0
 
 
 def test_bench_placement_searches_a_small_cluster(capsys):

@@ -23,7 +23,7 @@ from functools import lru_cache
 from ...errors import PlacementError
 from ..cluster import ClusterSpec
 from ..engine import DEFAULT_ENGINE, TRAIN_ENGINES
-from ..cost import (CostOptions, Compute, Generate, Infer, Offload, Score, Update, WeightSync, estimate,
+from ..cost import (DEFAULT_OPTIONS, CostOptions, Compute, Generate, Infer, Offload, Score, Update, WeightSync, estimate,
                     generation_plan, generation_time)
 from ..layout import Layout, generation_layouts, layout_problem
 from ..memory import generation_weight_bytes, kv_bytes_per_sequence, resident_bytes
@@ -212,7 +212,7 @@ def check_placement(placement: Placement, workload: Workload, cluster: ClusterSp
 
 def evaluate(placement: Placement, workload: Workload, cluster: ClusterSpec, options: CostOptions | None = None) -> PlacementCost:
     """Simulate one iteration of ``workload`` under ``placement`` (infeasible pools give an infinite time and a ``problem``)."""
-    options = options or CostOptions()
+    options = options or DEFAULT_OPTIONS
     check_placement(placement, workload, cluster)
     groups = []
     for k, pool in enumerate(placement.pools):
