@@ -34,11 +34,22 @@ every ``--eval-every`` steps with the same code on both sides. Printed: per seed
 accuracy of both at each evaluation, counts of gradient norms above 1, the largest, and
 entropy / length / reward over the last 10 steps; then the mean over seeds.
 
-Speed mode (``speed``): both frameworks on the same model folder (``--size tiny`` or ``10m``,
+Speed mode (``speed``): both frameworks on the same model folder (``--size tiny``, ``10m`` or ``100m``,
 ``--new-tokens`` the response limit), prompts, reward rule,
-group size, lengths, learning rate and thread count, run alternately for ``--rounds``
+group size, lengths, learning rate and thread count, run alternately for ``--rounds`` (default 3)
 rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skipping on, then
-off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
+off, then TRL). The model folder (``--model spread``, the default) has random weights whose EOS
+logit is set so that sampled responses average half of ``--new-tokens``, spread geometrically over
+the budget (tools/bench_trl/common.py, set_stop_logits): a step's work is then decoding and training
+on responses of realistic length (``--model warm``, the task's warmed-up model, answers in ~2 tokens
+and measures the fixed per-step costs). Its rewards are all 0 (random answers), so every group's
+advantages vanish: with skipping on hybridflow skips the whole update, the best case of skipping;
+the skipping-off side does the full work TRL does. No ratio to TRL is printed for a side whose mean
+response length differs from TRL's by more than 5% (different work). Also printed: this CPU's fp32
+matmul peak (tools/bench_trl/flops.py, process CPU time, same thread count) and each side's achieved
+GFLOP/s of generation and of the rest of the step (the update) as a fraction of it. Hybridflow's
+runs leave calibration out (``calibrate=False``: the steps are timed, not the start-up).
+Printed: the median seconds per step (the first ``--skip`` steps of a run left
 out) on the wall clock and in process CPU time (with one thread the figure to read on a busy
 machine: what the step computed, not the time the scheduler gave to others), the mean response
 length (each side stops a row at EOS), response tokens per second, process CPU microseconds per
