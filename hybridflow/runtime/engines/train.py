@@ -5,7 +5,10 @@ mini-batches (one optimizer step each) and every mini-batch into
 micro-batches whose gradients accumulate. Each loss op is called with the
 *mini-batch's* token and sequence counts (``global_tokens``, ``global_seqs``),
 so the micro-batch losses add up to the mini-batch loss and the gradient does
-not depend on the micro-batch size (verl's global-token normalisation).
+not depend on the micro-batch size (verl's global-token normalisation). With no
+micro-batch size or token budget set, an update's micro-batches are width buckets
+(rows sorted by response length, each bucket at its own width, see
+:mod:`.micro_batches`), and every update micro-batch is cut to its longest response.
 
 Model inputs of the losses come from the module: a causal LM gives
 ``log_probs`` and ``entropy`` (:mod:`.lm_logprobs`), a
