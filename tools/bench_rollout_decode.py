@@ -17,14 +17,20 @@ busy machine, see tools/bench_overhead.py). Printed: median ms per call of each 
 
 ``--against FILE`` times another version of ``hybridflow/runtime/engines/lean_decode.py`` (a copy
 of the file, e.g. from ``git show``) as the ``hf`` side instead, both through ``path="lean"``, and
-checks that tokens *and* log-probs are equal to the bit: before/after figures of a lean-path change.
+checks that tokens *and* log-probs are equal to the bit: before/after figures of a lean-path change
+(``--against`` with ``--close``: log-probs within 1e-5 instead, for a change that reorders float sums).
+
+Also printed: each path's achieved GFLOP/s in CPU time (FLOPs counted as in tools/bench_trl/flops.py)
+as a fraction of this CPU's fp32 matmul peak, measured in the same process and thread count.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -66,6 +72,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--against", metavar="FILE", help="a lean_decode.py version timed in place of the hf path")
+    parser.add_argument("--close", action="store_true", help="with --against: log-probs within 1e-5, not bitwise")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from hybridflow.runtime.engines import decode as decode_module
@@ -94,16 +101,26 @@ def main(argv=None) -> dict:
                 times[path].append(time.perf_counter() - start)
                 cpu[path].append(time.process_time() - start_cpu)
         same &= torch.equal(outs["hf"].response_ids, outs["lean"].response_ids)
-        if args.against:
+        if args.against and args.close:
+            same &= torch.allclose(outs["hf"].log_probs, outs["lean"].log_probs, rtol=1e-5, atol=1e-5)
+        elif args.against:
             same &= torch.equal(outs["hf"].log_probs, outs["lean"].log_probs)
     params_count = sum(p.numel() for p in model.parameters())
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "bench_trl"))
+    from flops import ModelShape, matmul_peak
+
+    peak = matmul_peak(args.threads)
+    work = ModelShape.of(model).generation(args.prompts, args.group, round(float(mask.sum(1).float().mean())),
+                                           args.new_tokens)
     result = {"size": args.size, "arch": args.arch, "parameters": params_count, "rows": args.prompts * args.group,
               "new_tokens": args.new_tokens, "threads": args.threads, "rounds": args.rounds, "same_tokens": bool(same),
-              "against": args.against}
+              "against": args.against, "gflop": round(work / 1e9, 3), "matmul_peak_gflops": round(peak, 1)}
     for clock, t in (("wall", times), ("cpu", cpu)):
         result[clock] = {"hf_ms": round(1e3 * statistics.median(t["hf"]), 2),
                          "lean_ms": round(1e3 * statistics.median(t["lean"]), 2),
                          "speedup": round(statistics.median(h / l for h, l in zip(t["hf"], t["lean"])), 2)}
+    for path in ("hf", "lean"):  # achieved arithmetic in CPU time, as the peak is measured
+        result["cpu"][f"{path}_gflops"] = round(work / statistics.median(cpu[path]) / 1e9, 2)
     if args.json:
         print(json.dumps(result))
         return result
@@ -114,7 +131,12 @@ def main(argv=None) -> dict:
         c = result[clock]
         print(f"  {clock:4} {before} {c['hf_ms']:.2f} ms, lean path {c['lean_ms']:.2f} ms per call "
               f"-> {c['speedup']:.2f}x (median of per-round ratios)")
-    print(f"  same tokens{' and log-probs (bitwise)' if args.against else ''} on every round: {same}")
+    c = result["cpu"]
+    print(f"  achieved (CPU time, {work / 1e9:.2f} GFLOP a call, tools/bench_trl/flops.py): {before} "
+          f"{c['hf_gflops']:.1f} GFLOP/s = {c['hf_gflops'] / peak:.1%}, lean path {c['lean_gflops']:.1f} GFLOP/s = "
+          f"{c['lean_gflops'] / peak:.1%} of this CPU's fp32 matmul peak {peak:.1f} GFLOP/s")
+    agree = " and log-probs (within 1e-5)" if args.close else " and log-probs (bitwise)" if args.against else ""
+    print(f"  same tokens{agree} on every round: {same}")
     return result
 
 

@@ -34,11 +34,22 @@ every ``--eval-every`` steps with the same code on both sides. Printed: per seed
 accuracy of both at each evaluation, counts of gradient norms above 1, the largest, and
 entropy / length / reward over the last 10 steps; then the mean over seeds.
 
-Speed mode (``speed``): both frameworks on the same model folder (``--size tiny`` or ``10m``,
+Speed mode (``speed``): both frameworks on the same model folder (``--size tiny``, ``10m`` or ``100m``,
 ``--new-tokens`` the response limit), prompts, reward rule,
-group size, lengths, learning rate and thread count, run alternately for ``--rounds``
+group size, lengths, learning rate and thread count, run alternately for ``--rounds`` (default 3)
 rounds of ``--steps`` steps each (hybridflow with its zero-advantage row skipping on, then
-off, then TRL); prints the median seconds per step (the first ``--skip`` steps of a run left
+off, then TRL). The model folder (``--model spread``, the default) has random weights whose EOS
+logit is set so that sampled responses average half of ``--new-tokens``, spread geometrically over
+the budget (tools/bench_trl/common.py, set_stop_logits): a step's work is then decoding and training
+on responses of realistic length (``--model warm``, the task's warmed-up model, answers in ~2 tokens
+and measures the fixed per-step costs). Its rewards are all 0 (random answers), so every group's
+advantages vanish: with skipping on hybridflow skips the whole update, the best case of skipping;
+the skipping-off side does the full work TRL does. No ratio to TRL is printed for a side whose mean
+response length differs from TRL's by more than 5% (different work). Also printed: this CPU's fp32
+matmul peak (tools/bench_trl/flops.py, process CPU time, same thread count) and each side's achieved
+GFLOP/s of generation and of the rest of the step (the update) as a fraction of it. Hybridflow's
+runs leave calibration out (``calibrate=False``: the steps are timed, not the start-up).
+Printed: the median seconds per step (the first ``--skip`` steps of a run left
 out) on the wall clock and in process CPU time (with one thread the figure to read on a busy
 machine: what the step computed, not the time the scheduler gave to others), the mean response
 length (each side stops a row at EOS), response tokens per second, process CPU microseconds per
@@ -88,8 +99,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNERS = Path(__file__).resolve().parent / "bench_trl"
 sys.path.insert(0, str(RUNNERS))
 from common import RunConfig  # noqa: E402
+from flops import ModelShape, matmul_peak  # noqa: E402
 from parity import compare_streams, print_comparison  # noqa: E402
-from speed_table import print_speed, speed_figures, undisturbed, wall_over_cpu  # noqa: E402
+from speed_table import print_arithmetic, print_speed, speed_figures, undisturbed, wall_over_cpu  # noqa: E402
 from trl_venv import TRL_VENV, TRL_VERSION, ensure_trl_venv, missing_trl  # noqa: E402
 
 
@@ -102,11 +114,13 @@ def _env(threads: int) -> dict:
     return env
 
 
-def make_model(path: Path, seed: int, threads: int, size: str = "tiny") -> Path:
+def make_model(path: Path, seed: int, threads: int, size: str = "tiny", lengths: int = 0) -> Path:
+    """The model folder at ``path`` (made once): the warmed-up task model, or with ``lengths`` the speed one."""
     if not (path / "config.json").exists():
-        subprocess.run([sys.executable, str(RUNNERS / "hybridflow_runner.py"), "--make-model", str(path), "--seed",
-                        str(seed), "--size", size], check=True, env=_env(threads), stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        done = subprocess.run([sys.executable, str(RUNNERS / "hybridflow_runner.py"), "--make-model", str(path), "--seed",
+                               str(seed), "--size", size, "--lengths", str(lengths)], check=True, env=_env(threads),
+                              capture_output=True, text=True)
+        print("\n".join(line for line in done.stdout.splitlines() if line.startswith("mean sampled")), flush=True)
     return path
 
 
@@ -289,13 +303,20 @@ def speed(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     folder = f"model_seed{args.seed}" if args.size == "tiny" else f"model_{args.size}_seed{args.seed}"
-    model_dir = make_model(out / folder, args.seed, args.threads, args.size)
-    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", {}),
-             "hybridflow_noskip": (sys.executable, "hybridflow_runner.py", {"train": {"skip_vanishing_rows": False}}),
+    lengths = args.new_tokens if args.model == "spread" else 0
+    if lengths:
+        folder = f"model_{args.size}_spread{lengths}_seed{args.seed}"
+    model_dir = make_model(out / folder, args.seed, args.threads, args.size, lengths)
+    peak = matmul_peak(args.threads)
+    # the steps are timed, not the start-up: calibration (it feeds the plan's predicted times) is left out
+    quick = {"config": {"calibrate": False}}
+    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", quick),
+             "hybridflow_noskip": (sys.executable, "hybridflow_runner.py",
+                                   {**quick, "train": {"skip_vanishing_rows": False}}),
              "trl": (trl_python, "trl_runner.py", {})}
     for extra in args.extra_side:  # NAME=JSON: one more hybridflow side with these variant switches
         name, _, variant = extra.partition("=")
-        sides[name] = (sys.executable, "hybridflow_runner.py", json.loads(variant or "{}"))
+        sides[name] = (sys.executable, "hybridflow_runner.py", {**quick, **json.loads(variant or "{}")})
     base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
                      group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
                      max_new_tokens=args.new_tokens)
@@ -313,23 +334,44 @@ def speed(args) -> dict:
                 rss[side] = max(rss[side], record["peak_rss_mb"])
     steps, dropped = undisturbed(rounds, args.threads)
     result = speed_figures(steps, args.prompts * args.group)
+    add_arithmetic(result, model_dir, args)
     for side in sides:
         result[side].update(peak_rss_mb=rss[side], cpu_s_per_round=[c for c, _ in per_round[side]],
                             load_per_round=[l for _, l in per_round[side]], disturbed_rounds=dropped[side],
                             wall_over_cpu_per_round=[wall_over_cpu(r) for r in rounds[side]])
-    print(f"\n{args.size} model, {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, {args.threads} "
-          f"thread(s), lr {args.lr:g}, {args.rounds} rounds of {args.steps} steps "
+    print(f"\n{args.size} model ({args.model}), {args.prompts} prompts x {args.group}, {args.new_tokens} new tokens, "
+          f"{args.threads} thread(s), lr {args.lr:g}, {args.rounds} rounds of {args.steps} steps "
           f"(first {args.skip} of each left out); load average {os.getloadavg()[0]:.1f}")
     print_speed(result)
+    print_arithmetic(result, peak)
     print("  CPU s/step of each round (load average after it, wall/CPU); * disturbed (one thread, wall/CPU above "
           "1.3): left out of the medians above unless all of a side's rounds were")
     for side, r in result.items():
         print(f"  {side:18}" + "  ".join(f"{c:.4f} ({l:.1f}, {w:.2f}){'*' if i in r['disturbed_rounds'] else ''}"
                                           for i, (c, l, w) in enumerate(zip(r["cpu_s_per_round"], r["load_per_round"],
                                                                              r["wall_over_cpu_per_round"]))))
-    (out / f"speed_{args.size}_{args.new_tokens}.json").write_text(json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "result": result},
-                                               indent=1))
+    (out / f"speed_{args.size}_{args.new_tokens}.json").write_text(
+        json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "matmul_peak_gflops": peak, "result": result},
+                   indent=1))
     return result
+
+
+def add_arithmetic(result: dict[str, dict], model_dir: Path, args) -> None:
+    """Each side's achieved GFLOP/s of generation and of the rest of the step (tools/bench_trl/flops.py counts)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from common import load_tokenizer
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))  # only its shape is read
+    shape = ModelShape.of(model)
+    prompt_len = len(load_tokenizer(model_dir)("3+4=")["input_ids"])
+    for r in result.values():
+        if "gen_cpu_s" not in r:
+            continue
+        work = (args.prompts, args.group, prompt_len, r["response_length"])
+        r.update(gen_gflops=shape.generation(*work) / r["gen_cpu_s"] / 1e9,
+                 update_gflops=shape.update(*work) / max(r["update_cpu_s"], 1e-9) / 1e9)
+
 
 
 # ----------------------------------------------------------------------------- replay mode
@@ -394,7 +436,7 @@ def main(argv=None) -> dict | None:
     p = modes.add_parser("speed", help="seconds per step, tokens/s and peak RSS of both, alternating")
     p.add_argument("--seed", type=int, default=0, help="the model folder's seed")
     p.add_argument("--steps", type=int, default=20, help="steps per run")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds (each runs every side once)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (each runs every side once)")
     p.add_argument("--skip", type=int, default=2, help="first steps of a run left out of the medians")
     p.add_argument("--prompts", type=int, default=50, help="prompts per step")
     p.add_argument("--group", type=int, default=16, help="responses per prompt")
@@ -403,7 +445,11 @@ def main(argv=None) -> dict | None:
     p.add_argument("--size", choices=("tiny", "10m", "100m"), default="tiny",
                    help="a standard bench model (hybridflow.data.tiny.BENCH_MODELS): the built-in task's tiny one "
                         "(~130k parameters), 10m (~7.9M) or 100m (~104M)")
-    p.add_argument("--new-tokens", type=int, default=3, help="response length limit (the issue's settings: 8 on tiny, 64 on 10m)")
+    p.add_argument("--new-tokens", type=int, default=8, help="response length limit (the issue's settings: 8 on tiny, 64 on 10m)")
+    p.add_argument("--model", choices=("spread", "warm"), default="spread",
+                   help="spread: random weights whose EOS logit makes responses average half of --new-tokens, spread "
+                        "over the budget (the work a step does is decoding and training on them); warm: the built-in "
+                        "task's warmed-up model, which answers in ~2 tokens (the step's fixed costs)")
     p.add_argument("--extra-side", action="append", default=[], metavar="NAME=JSON",
                    help="another hybridflow side with these runner variant switches, e.g. "
                         "'joined={\"joined_forward\": true}' (repeatable)")

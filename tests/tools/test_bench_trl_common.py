@@ -80,3 +80,24 @@ def test_trl_runner_reseeds_with_hybridflows_rollout_stream_seed():
     sys.path.insert(0, str(COMMON.parent))
     runner = load_file(COMMON.parent / "trl_runner.py", "bench_trl_runner")
     assert [runner.rollout_stream_seed(s) for s in (0, 1, 7, 12345)] == [stream_seed(s, "rollout") for s in (0, 1, 7, 12345)]
+
+
+def test_stop_logits_spread_lengths_over_the_budget(common):
+    """A random tiny model made to stop after about half the budget: hybridflow's decode samples that (never <pad>)."""
+    from hybridflow.data.tiny import make_tiny_model
+    from hybridflow.runtime.engines.decode import decode
+
+    budget = 16
+    p = common.spread_stop_probability(budget)
+    assert (1 - (1 - p) ** budget) / p == pytest.approx(budget / 2, rel=1e-6)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=64, layers=2, heads=4, kv_heads=2, seed=1).eval()
+    common.set_stop_logits(model, eos_id=2, pad_id=0, budget=budget)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    out = decode(model, ids, torch.ones_like(ids), SamplingParams(n=400, max_new_tokens=budget), eos_token_ids=[2],
+                 pad_token_id=0, generator=torch.Generator().manual_seed(0))
+    lengths = out.response_mask.sum(1)
+    assert 0.4 * budget < float(lengths.mean()) < 0.6 * budget  # geometric: sd ~5, standard error ~0.25
+    assert (lengths < budget / 4).any() and (lengths == budget).any()  # spread over the budget
+    ended = out.response_ids[torch.arange(400), (lengths.long() - 1)]
+    assert not (out.response_ids[out.response_mask.bool()] == 0).any()  # <pad> is never sampled
+    assert (ended[lengths < budget] == 2).all()  # rows that stopped early stopped at EOS

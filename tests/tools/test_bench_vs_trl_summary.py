@@ -40,24 +40,24 @@ def test_standard_error_of_one_value_is_nan(bench):
 
 def test_speed_figures_per_response_token(bench, capsys):
     # 4 rows per step. ours: steps of 0.02 CPU s at mean length 2.5 (10 tokens -> 2000 us/token) and
-    # 0.03 s at 2.0 (8 tokens -> 3750 us/token): medians 0.025 s/step, 2875 us/token.
-    # trl: 0.06 s at 3.0 (12 tokens -> 5000 us/token) twice: 0.06 s/step, 5000 us/token.
-    # ratios: CPU per step 0.06 / 0.025 = 2.4, per token 5000 / 2875 = 1.739 (TRL sampled longer).
+    # 0.03 s at 2.0 (8 tokens -> 3750 us/token): medians 0.025 s/step, 2875 us/token, mean length 2.25.
+    # trl: 0.06 s at 2.3 (9.2 tokens -> 6521.7 us/token) twice: within 5% of our 2.25, so ratios are given:
+    # CPU per step 0.06 / 0.025 = 2.4, per token 6521.7 / 2875 = 2.268.
     steps = {"hybridflow": [{"time_s": 0.04, "cpu_s": 0.02, "response_length": 2.5},
                             {"time_s": 0.05, "cpu_s": 0.03, "response_length": 2.0}],
-             "trl": [{"time_s": 0.08, "cpu_s": 0.06, "response_length": 3.0}] * 2}
+             "trl": [{"time_s": 0.08, "cpu_s": 0.06, "response_length": 2.3}] * 2}
     result = bench.speed_figures(steps, rows=4)
     ours, trl = result["hybridflow"], result["trl"]
     assert ours["cpu_s_per_step"] == pytest.approx(0.025)
     assert ours["cpu_us_per_token"] == pytest.approx(2875.0)
-    assert trl["cpu_us_per_token"] == pytest.approx(5000.0)
+    assert trl["cpu_us_per_token"] == pytest.approx(1e6 * 0.06 / 9.2)
     assert ours["vs_trl_cpu"] == pytest.approx(2.4)
-    assert ours["vs_trl_per_token"] == pytest.approx(5000 / 2875)
+    assert ours["vs_trl_per_token"] == pytest.approx(1e6 * 0.06 / 9.2 / 2875)
     assert ours["vs_trl"] == pytest.approx(0.08 / 0.045)
     assert ours["tokens_per_s"] == pytest.approx(statistics.median([4 * 2.5 / 0.04, 4 * 2.0 / 0.05]))
     bench.print_speed(result)
     row = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("hybridflow"))
-    assert row.split()[5] == "2875.0" and row.split()[-1] == "1.74x"
+    assert row.split()[5] == "2875.0" and row.split()[-1] == "2.27x"
 
 
 def test_disturbed_one_thread_rounds_are_left_out(bench):
@@ -70,3 +70,29 @@ def test_disturbed_one_thread_rounds_are_left_out(bench):
     kept, dropped = bench.undisturbed(rounds, threads=2)  # CPU time may exceed wall: no verdict
     assert dropped == {"hybridflow": [], "trl": []} and kept["hybridflow"] == calm + busy + calm
     assert bench.wall_over_cpu(busy) == pytest.approx(3.0)
+
+
+def test_no_ratio_to_trl_when_the_mean_lengths_differ_by_more_than_5_percent(bench, capsys):
+    # TRL 20 tokens: 20.9 (4.5% longer) is the same work, 21.1 (5.5%) is not and gets no ratio
+    trl = [{"time_s": 1.0, "cpu_s": 1.0, "response_length": 20.0, "gen_cpu_s": 0.4}]
+    steps = {"near": [{"time_s": 0.5, "cpu_s": 0.5, "response_length": 20.9, "gen_cpu_s": 0.2}],
+             "far": [{"time_s": 0.5, "cpu_s": 0.5, "response_length": 21.1, "gen_cpu_s": 0.2}], "trl": trl}
+    result = bench.speed_figures(steps, rows=4)
+    assert result["near"]["same_work"] and result["near"]["vs_trl_cpu"] == pytest.approx(2.0)
+    assert result["far"]["same_work"] is False and "vs_trl" not in result["far"]
+    assert result["near"]["gen_cpu_s"] == pytest.approx(0.2) and result["near"]["update_cpu_s"] == pytest.approx(0.3)
+    bench.print_speed(result)
+    far = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("far"))
+    assert "lengths differ" in far and "x" not in far.split("lengths")[1]
+
+
+def test_flop_counts_by_hand():
+    from flops import ModelShape
+
+    # P = 1000 dense parameters, 2 layers, attention width 8: a token at context c costs 2000 + 64 c
+    shape = ModelShape(dense_params=1000, layers=2, attention_width=8)
+    assert shape.token(10) == 2000 + 640
+    # 2 prompts of 4 tokens (context 2 on average), 3 responses each of mean length 6 (context 4 + 3)
+    expected = 2 * 4 * (2000 + 64 * 2) + 2 * 3 * 6 * (2000 + 64 * 7)
+    assert shape.generation(2, 3, 4, 6.0) == expected
+    assert shape.update(2, 3, 4, 6.0) == 3 * expected

@@ -51,8 +51,8 @@ SCRIPTS = (
     "bench_calibration.py",
 )
 """The Python scripts with a command line: ``main(argv)``."""
-MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/parity.py", "bench_trl/speed_table.py",
-           "bench_trl/trl_venv.py")
+MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/flops.py", "bench_trl/parity.py",
+           "bench_trl/speed_table.py", "bench_trl/trl_venv.py")
 """Modules the scripts import: no command line of their own."""
 SHELL = ("ensure_graphviz.sh",)
 

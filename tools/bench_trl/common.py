@@ -20,7 +20,8 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["RunConfig", "arithmetic_rows", "exact_sum_score", "greedy_accuracy", "greedy_responses", "load_tokenizer", "write_record"]
+__all__ = ["RunConfig", "arithmetic_rows", "exact_sum_score", "greedy_accuracy", "greedy_responses", "load_tokenizer",
+           "set_stop_logits", "spread_stop_probability", "write_record"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,56 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer, rows: Sequence[dict], max
     responses = greedy_responses(model, tokenizer, rows, max_new_tokens)
     eos = tokenizer.eos_token_id
     return sum(exact_sum_score(r, row["ground_truth"], tokenizer, eos) for r, row in zip(responses, rows)) / len(rows)
+
+
+def spread_stop_probability(budget: int, fill: float = 0.5) -> float:
+    """The per-token stop probability ``p`` whose geometric lengths, cut at ``budget``, average ``fill * budget``.
+
+    A row stops after token ``k`` with probability ``p`` (EOS counted in its length), so its mean
+    length is ``(1 - (1 - p) ** budget) / p``; bisection on ``p``.
+    """
+    target, low, high = fill * budget, 1e-6, 1.0
+    for _ in range(100):
+        p = (low + high) / 2
+        low, high = (p, high) if (1 - (1 - p) ** budget) / p > target else (low, p)
+    return (low + high) / 2
+
+
+@torch.no_grad()
+def set_stop_logits(model: torch.nn.Module, eos_id: int, pad_id: int, budget: int, fill: float = 0.5) -> float:
+    """Make a random-weight Llama/Qwen2 model stop at EOS after about ``fill * budget`` tokens; returns the target p.
+
+    The speed benchmark needs responses of realistic length on both sides (a warmed-up model answers
+    in 2 tokens: a step then measures fixed costs, not decoding). Random weights give nearly uniform
+    logits, so the stop rate is set through one hidden unit held constant: residual dimension 0 is
+    ``c = 1`` in every token embedding and no layer writes to it (row 0 of every ``o_proj`` and
+    ``down_proj`` zeroed), so after the final RMSNorm it is ``u = g_0 c / rms(x)``, the same for every
+    position up to the small random part of ``rms(x)`` (its median over random
+    sequences is used). The EOS row of ``lm_head`` becomes
+    ``(-b / u, 0, ...)`` (logit ``-b``) and the pad row ``(-50 / u, 0, ...)`` (never sampled, so both
+    sides stop at EOS alone; TRL does not stop at ``<pad>``). The other ``V - 2`` logits stay near 0,
+    so ``p = e^-b / (e^-b + V - 2)``: ``b`` is solved for :func:`spread_stop_probability`'s ``p``.
+    Both sides load the same folder, so both sample from the same distribution.
+    """
+    import math
+
+    backbone = model.model
+    backbone.embed_tokens.weight[:, 0] = 1.0
+    for layer in backbone.layers:
+        layer.self_attn.o_proj.weight[0] = 0.0
+        layer.mlp.down_proj.weight[0] = 0.0
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.lm_head.weight.shape[0], (8, budget), generator=generator)
+    u = float(backbone(input_ids=ids).last_hidden_state[..., 0].median())  # after the final norm
+    others = model.lm_head.weight.shape[0] - 2
+    p = spread_stop_probability(budget, fill)
+    b = -math.log(p * others / (1 - p))
+    head = model.lm_head.weight
+    head[eos_id] = 0.0
+    head[pad_id] = 0.0
+    head[eos_id, 0] = -b / u
+    head[pad_id, 0] = -50.0 / u
+    return p
 
 
 def write_record(path: str | Path, *, framework: str, config: RunConfig, steps: list[dict], evals: list[dict],

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RunConfig, arithmetic_rows, greedy_accuracy, load_tokenizer, write_record  # noqa: E402
+from common import RunConfig, arithmetic_rows, greedy_accuracy, load_tokenizer, set_stop_logits, write_record  # noqa: E402
 
 # metric keys of a hybridflow GRPO step -> the record's names
 METRICS = {"actor/grad_norm": "grad_norm", "actor/entropy": "entropy", "response_length/mean": "response_length",
@@ -47,8 +47,13 @@ METRICS = {"actor/grad_norm": "grad_norm", "actor/entropy": "entropy", "response
 from hybridflow.data.tiny import BENCH_MODELS as MODEL_SIZES  # noqa: E402  (tiny ~130k, 10m ~7.9M, 100m ~104M parameters)
 
 
-def make_model(path: Path, seed: int, size: str = "tiny") -> None:
-    """The built-in task's model (hybridflow.trainer.setup): random weights, 40 format-only warm-up steps."""
+def make_model(path: Path, seed: int, size: str = "tiny", lengths: int = 0) -> None:
+    """The built-in task's model (hybridflow.trainer.setup): random weights, 40 format-only warm-up steps.
+
+    ``lengths > 0`` (the speed benchmark's folder): random weights without the warm-up, whose EOS
+    logit is set (common.set_stop_logits) so that sampled responses average half of ``lengths``
+    tokens, spread geometrically over the budget; the achieved mean is printed.
+    """
     from hybridflow.data import create_tiny_model_dir, load_causal_lm
     from hybridflow.data import load_tokenizer as hf_tokenizer
     from hybridflow.data.tasks.arithmetic import make_arithmetic_rows, random_wrong_answer
@@ -56,9 +61,25 @@ def make_model(path: Path, seed: int, size: str = "tiny") -> None:
 
     create_tiny_model_dir(path, task="arithmetic", seed=seed, **MODEL_SIZES[size])
     model = load_causal_lm(path)
-    supervised_warmup(model, hf_tokenizer(path), make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3,
-                      seed=seed)
+    tokenizer = hf_tokenizer(path)
+    if lengths:
+        set_stop_logits(model, tokenizer.eos_token_id, tokenizer.pad_token_id, lengths)
+        print(f"mean sampled response length {sampled_length(model, tokenizer, lengths):.1f} of {lengths}")
+    else:
+        supervised_warmup(model, tokenizer, make_arithmetic_rows(), random_wrong_answer, steps=40, lr=3e-3, seed=seed)
     model.save_pretrained(path)
+
+
+def sampled_length(model, tokenizer, budget: int, rows: int = 256) -> float:
+    """Mean length (EOS included) of ``rows`` responses sampled at temperature 1 by hybridflow's decode loop."""
+    from hybridflow.runtime.engines.decode import decode
+    from hybridflow.runtime.engines.sampling import SamplingParams
+
+    ids = torch.tensor([tokenizer("3+4=")["input_ids"]])
+    out = decode(model, ids, torch.ones_like(ids), SamplingParams(n=rows, max_new_tokens=budget),
+                 eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+                 generator=torch.Generator().manual_seed(0))
+    return float(out.response_mask.sum(1).mean())
 
 
 @torch.no_grad()
@@ -144,6 +165,23 @@ def run(cfg: RunConfig) -> None:
     if cfg.lr_schedule != "constant":
         train_overrides.update(lr_schedule=cfg.lr_schedule, total_steps=cfg.steps)
 
+    from hybridflow.runtime.engines.rollout_hf import HFRolloutEngine
+
+    generation_clock = [0.0, 0.0]  # (wall, CPU) seconds in the rollout engine's generate during the step
+    engine_generate = HFRolloutEngine.generate
+
+    def timed_generate(self, *args, **kwargs):
+        """The rollout engine's generate (sampling, decoding the text) on both clocks: the record's gen_s / gen_cpu_s."""
+        start, start_cpu = time.perf_counter(), time.process_time()
+        try:
+            return engine_generate(self, *args, **kwargs)
+        finally:
+            generation_clock[0] += time.perf_counter() - start
+            generation_clock[1] += time.process_time() - start_cpu
+
+    HFRolloutEngine.generate = timed_generate
+    gen_times: list[tuple[float, float]] = []
+
     class BenchTrainer(GRPOTrainer):
         """GRPO whose validation is the shared greedy evaluation (common.greedy_accuracy)."""
 
@@ -154,8 +192,10 @@ def run(cfg: RunConfig) -> None:
 
         def train_step(self, rows):
             start = time.process_time()
+            generation_clock[:] = [0.0, 0.0]
             metrics = super().train_step(rows)
             cpu_times.append(time.process_time() - start)
+            gen_times.append(tuple(generation_clock))
             step_prompts.append([row["prompt"] for row in rows])
             return metrics
 
@@ -183,8 +223,9 @@ def run(cfg: RunConfig) -> None:
     history = trainer.train()
     wall = time.perf_counter() - start
     steps = [{"step": i + 1, **{name: float(m[key]) for key, name in METRICS.items() if key in m},
-              "time_s": float(m.get("timing_s/step", 0.0)), "cpu_s": cpu, "prompts": prompts}
-             for i, (m, cpu, prompts) in enumerate(zip(history, cpu_times, step_prompts))]
+              "time_s": float(m.get("timing_s/step", 0.0)), "cpu_s": cpu, "gen_s": gen[0], "gen_cpu_s": gen[1],
+              "prompts": prompts}
+             for i, (m, cpu, gen, prompts) in enumerate(zip(history, cpu_times, gen_times, step_prompts))]
     write_record(out, framework="hybridflow", config=cfg, steps=steps, evals=evals, wall_s=wall)
 
 
@@ -194,12 +235,14 @@ def main(argv=None) -> None:
     parser.add_argument("--make-model", metavar="DIR", help="write the seed's model folder to DIR and exit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=sorted(MODEL_SIZES), default="tiny", help="the model folder's shape")
+    parser.add_argument("--lengths", type=int, default=0, help="with --make-model: > 0 makes the speed benchmark's "
+                        "random-weight folder whose responses average half of this many tokens")
     args = parser.parse_args(argv)
     if not args.make_model and not args.config:
         parser.error("give a RunConfig JSON file (tools/bench_vs_trl.py writes them), or --make-model DIR")
     if args.make_model:
         torch.set_num_threads(1)
-        make_model(Path(args.make_model), args.seed, args.size)
+        make_model(Path(args.make_model), args.seed, args.size, args.lengths)
     else:
         run(RunConfig.load(args.config))
 

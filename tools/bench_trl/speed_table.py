@@ -4,12 +4,19 @@ from __future__ import annotations
 import statistics
 
 
+LENGTH_TOLERANCE = 0.05
+"""Ratios to TRL are printed only when the side's mean response length is within this fraction of TRL's."""
+
+
 def speed_figures(steps: dict[str, list[dict]], rows: int) -> dict[str, dict]:
     """Per side, medians over its step records (``time_s``, ``cpu_s``, ``response_length``: mean tokens of a row).
 
     ``cpu_us_per_token``: the median over steps of ``cpu_s / (rows * response_length)``, CPU
-    microseconds per generated response token (EOS included): the sides' cost at equal work when,
-    once they train, they sample responses of different lengths. ``vs_trl*``: TRL's figure over the side's.
+    microseconds per generated response token (EOS included). ``gen_cpu_s`` / ``update_cpu_s``: the
+    median CPU seconds of a step spent in generation and in the rest of it (reward, advantages, the
+    update), where the records time generation. ``vs_trl*``: TRL's figure over the side's, only when
+    the side's mean response length is within :data:`LENGTH_TOLERANCE` of TRL's (``same_work``):
+    at different lengths the sides did different work and a ratio would say nothing about speed.
     """
     result = {}
     for side, records in steps.items():
@@ -20,11 +27,16 @@ def speed_figures(steps: dict[str, list[dict]], rows: int) -> dict[str, dict]:
                         "tokens_per_s": statistics.median(rows * s["response_length"] / s["time_s"] for s in records),
                         "cpu_us_per_token": statistics.median(1e6 * c / (rows * s["response_length"])
                                                               for c, s in zip(cpu, records))}
+        if all("gen_cpu_s" in s for s in records):
+            result[side].update(gen_cpu_s=statistics.median(s["gen_cpu_s"] for s in records),
+                                update_cpu_s=statistics.median(c - s["gen_cpu_s"] for c, s in zip(cpu, records)))
     ref = result.get("trl")
     for r in result.values():
         if ref is not None:
-            r.update(vs_trl=ref["s_per_step"] / r["s_per_step"], vs_trl_cpu=ref["cpu_s_per_step"] / r["cpu_s_per_step"],
-                     vs_trl_per_token=ref["cpu_us_per_token"] / r["cpu_us_per_token"])
+            r["same_work"] = abs(r["response_length"] - ref["response_length"]) <= LENGTH_TOLERANCE * ref["response_length"]
+            if r["same_work"]:
+                r.update(vs_trl=ref["s_per_step"] / r["s_per_step"], vs_trl_cpu=ref["cpu_s_per_step"] / r["cpu_s_per_step"],
+                         vs_trl_per_token=ref["cpu_us_per_token"] / r["cpu_us_per_token"])
     return result
 
 
@@ -33,10 +45,27 @@ def print_speed(result: dict[str, dict]) -> None:
     print(f"  {'':18}{'s/step':>9}{'CPU s/step':>12}{'resp len':>10}{'tokens/s':>10}{'CPU us/tok':>12}"
           f"{'peak RSS MB':>13}{'vs TRL (wall)':>15}{'(CPU)':>8}{'(CPU/tok)':>11}")
     for side, r in result.items():
+        ratios = (f"{r['vs_trl']:14.2f}x{r['vs_trl_cpu']:7.2f}x{r['vs_trl_per_token']:10.2f}x" if "vs_trl" in r else
+                  f"  {'none: lengths differ > 5%' if r.get('same_work') is False else '':>32}")
         print(f"  {side:18}{r['s_per_step']:9.3f}{r['cpu_s_per_step']:12.3f}{r['response_length']:10.2f}"
-              f"{r['tokens_per_s']:10.0f}{r['cpu_us_per_token']:12.1f}{r.get('peak_rss_mb', 0):13.0f}"
-              f"{r.get('vs_trl', float('nan')):14.2f}x{r.get('vs_trl_cpu', float('nan')):7.2f}x"
-              f"{r.get('vs_trl_per_token', float('nan')):10.2f}x")
+              f"{r['tokens_per_s']:10.0f}{r['cpu_us_per_token']:12.1f}{r.get('peak_rss_mb', 0):13.0f}" + ratios)
+    if any(r.get("same_work") is False for r in result.values()):
+        print(f"  (no ratio where a side's mean response length differs from TRL's by more than "
+              f"{LENGTH_TOLERANCE:.0%}: different work)")
+
+
+def print_arithmetic(result: dict[str, dict], peak_gflops: float) -> None:
+    """Achieved GFLOP/s of generation and of the rest of the step, and their fractions of the matmul peak."""
+    print(f"  achieved arithmetic (CPU time; FLOPs counted as in tools/bench_trl/flops.py), this CPU's fp32 matmul "
+          f"peak {peak_gflops:.1f} GFLOP/s:")
+    print(f"  {'':18}{'gen CPU s':>10}{'GFLOP/s':>9}{'of peak':>9}{'update CPU s':>14}{'GFLOP/s':>9}{'of peak':>9}")
+    for side, r in result.items():
+        if "gen_gflops" in r:
+            # above the peak: the side did not compute the update's counted FLOPs (row skipping dropped them)
+            update = (f"{r['update_gflops']:9.2f}{r['update_gflops'] / peak_gflops:9.1%}"
+                      if r["update_gflops"] <= peak_gflops else f"{'skipped':>18}")
+            print(f"  {side:18}{r['gen_cpu_s']:10.3f}{r['gen_gflops']:9.2f}{r['gen_gflops'] / peak_gflops:9.1%}"
+                  f"{r['update_cpu_s']:14.3f}" + update)
 
 
 DISTURBED_WALL_OVER_CPU = 1.3

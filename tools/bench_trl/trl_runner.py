@@ -78,6 +78,7 @@ def run(cfg: RunConfig) -> None:
 
     steps: list[dict] = []
     evals: list[dict] = []
+    generation_clock = [0.0, 0.0]  # (wall, CPU) seconds in GRPOTrainer._generate since the step began
 
     class Record(TrainerCallback):
         """Per-step metrics from TRL's logs; greedy accuracy every ``eval_every`` steps."""
@@ -89,11 +90,12 @@ def run(cfg: RunConfig) -> None:
 
         def on_step_begin(self, args, state, control, **kw):
             self.started, self.started_cpu = time.perf_counter(), time.process_time()
+            generation_clock[:] = [0.0, 0.0]
 
         def on_step_end(self, args, state, control, model=None, **kw):
             elapsed, cpu = time.perf_counter() - self.started, time.process_time() - self.started_cpu
-            steps.append({"step": state.global_step, "time_s": elapsed, "cpu_s": cpu,
-                          "prompts": step_prompts[-1] if step_prompts else None})
+            steps.append({"step": state.global_step, "time_s": elapsed, "cpu_s": cpu, "gen_s": generation_clock[0],
+                          "gen_cpu_s": generation_clock[1], "prompts": step_prompts[-1] if step_prompts else None})
             if state.global_step % cfg.eval_every == 0 or state.global_step == cfg.steps:
                 acc = greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)
                 evals.append({"step": state.global_step, "greedy_accuracy": acc})
@@ -106,6 +108,18 @@ def run(cfg: RunConfig) -> None:
     out_dir = str(Path(cfg.out).with_suffix("")) + "_trl"
     trainer = GRPOTrainer(model=model, reward_funcs=exact_sum, args=grpo_args(cfg, out_dir), train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Record()])
+    generate = trainer._generate
+
+    def timed_generate(*args, **kwargs):
+        """GRPOTrainer._generate (sampling, decoding the text) timed on both clocks: the record's gen_s / gen_cpu_s."""
+        start, start_cpu = time.perf_counter(), time.process_time()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            generation_clock[0] += time.perf_counter() - start
+            generation_clock[1] += time.process_time() - start_cpu
+
+    trainer._generate = timed_generate
     generation = {k: getattr(trainer.generation_config, k, None)
                   for k in ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")}
     reseed = cfg.variant.get("reseed")

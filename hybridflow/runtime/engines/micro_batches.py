@@ -5,7 +5,13 @@ A micro-batch is a list of row indices of the (mini-)batch:
 * fixed size (``micro_batch_size``): consecutive slices, as before token budgets existed;
 * token budget (``max_tokens_per_micro_batch``): rows grouped by real tokens
   (:func:`~hybridflow.runtime.token_partition.token_budget_groups`), so a micro-batch
-  of short rows holds more of them than one of long rows.
+  of short rows holds more of them than one of long rows;
+* width buckets (neither set, ``length_buckets``, updates only): the rows sorted by response
+  length and cut into the number of equal-count buckets (1, 2, 4 or 8) that computes the fewest
+  token positions, each bucket run at its own width (:func:`width_bucket_groups`). A batch padded to
+  its longest response spends most of its forward and backward on padding when lengths spread
+  (geometric lengths averaging half the limit: about half of the positions); the same gradient
+  (a sum over the rows) costs ``sum(rows_b x width_b)`` positions instead of ``rows x width``.
 
 Under FSDP every rank must run the same number of forwards (and backwards): a rank
 with fewer micro-batches than the busiest one splits its largest ones, and where it has
@@ -18,9 +24,12 @@ from __future__ import annotations
 import torch
 
 from ..token_partition import token_budget_groups
-from .sequence import row_token_counts
+from .sequence import response_attention, row_token_counts
 
-__all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order"]
+__all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order", "width_bucket_groups", "BUCKET_COUNTS"]
+
+BUCKET_COUNTS = (1, 2, 4, 8)
+"""Bucket counts :func:`width_bucket_groups` chooses from."""
 
 
 def micro_batch_groups(tensors: dict[str, torch.Tensor], *, micro_batch_size: int | None,
@@ -35,6 +44,42 @@ def micro_batch_groups(tensors: dict[str, torch.Tensor], *, micro_batch_size: in
         return token_budget_groups(lengths, max_tokens)
     step = micro_batch_size or max(size, 1)
     return [list(range(start, min(start + step, size))) for start in range(0, size, step)]
+
+
+def width_bucket_groups(prompt_mask: torch.Tensor, response_mask: torch.Tensor, *, forward_cost: float,
+                        prompt_groups: torch.Tensor | None = None) -> list[list[int]]:
+    """Rows sorted by response width and cut into the bucket count of :data:`BUCKET_COUNTS` that costs least.
+
+    A row's width is its response up to the last valid position; a bucket runs at its longest
+    row's width. Cost of ``k`` buckets, in token positions: ``sum_b rows_b x width_b`` (responses) +
+    ``sum_b prompts_b x P`` (``prompts_b``: the distinct prompts of bucket ``b`` when ``prompt_groups``
+    gives each row's prompt, as the shared-prompt forward runs each once; else its rows) +
+    ``(k - 1) x forward_cost`` (what one more forward and backward costs beyond its positions).
+    Ties keep fewer buckets. Returns the buckets' row indices, shortest rows first (one bucket of
+    all rows in their order when one is cheapest).
+    """
+    rows = response_mask.shape[0]
+    if rows < 2:
+        return [list(range(rows))] if rows else []
+    widths = response_attention(response_mask).sum(-1)
+    order = torch.sort(widths, stable=True).indices
+    sorted_widths = widths[order].tolist()
+    group_of = (prompt_groups[order] if prompt_groups is not None else order).tolist()
+    prompt_len = prompt_mask.shape[-1]
+    best, best_cost = [order.tolist()], None
+    for k in BUCKET_COUNTS:
+        if k > rows:
+            break
+        bounds = [round(i * rows / k) for i in range(k + 1)]
+        cost = (k - 1) * forward_cost
+        for lo, hi in zip(bounds, bounds[1:]):
+            cost += (hi - lo) * sorted_widths[hi - 1] + len(set(group_of[lo:hi])) * prompt_len
+        if best_cost is None or cost < best_cost:
+            best_cost = cost
+            best = [order[lo:hi].tolist() for lo, hi in zip(bounds, bounds[1:])]
+    if len(best) == 1:
+        return [list(range(rows))]
+    return best
 
 
 def take_rows(tensors: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:

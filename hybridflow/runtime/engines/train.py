@@ -5,7 +5,10 @@ mini-batches (one optimizer step each) and every mini-batch into
 micro-batches whose gradients accumulate. Each loss op is called with the
 *mini-batch's* token and sequence counts (``global_tokens``, ``global_seqs``),
 so the micro-batch losses add up to the mini-batch loss and the gradient does
-not depend on the micro-batch size (verl's global-token normalisation).
+not depend on the micro-batch size (verl's global-token normalisation). With no
+micro-batch size or token budget set, an update's micro-batches are width buckets
+(rows sorted by response length, each bucket at its own width, see
+:mod:`.micro_batches`), and every update micro-batch is cut to its longest response.
 
 Model inputs of the losses come from the module: a causal LM gives
 ``log_probs`` and ``entropy`` (:mod:`.lm_logprobs`), a
@@ -39,7 +42,8 @@ from hybridflow.errors import BatchError, OpError
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
-from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows
+from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows, width_bucket_groups
+from .shared_prompt import min_saved_positions, prompt_groups
 from .sequence import trim_response_width
 from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
 from ..token_partition import split_groups
@@ -206,7 +210,9 @@ class TrainEngine:
         self._drop_gradients()
         pending: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
         contributing = self._rows_that_contribute(mini, terms)
-        micro_batches, groups = self.micro_batches(contributing, stand_ins_from=mini)
+        micro_batches, groups = self.micro_batches(contributing, stand_ins_from=mini, buckets=True)
+        # each micro-batch at its own width: its columns past its longest response are padding only
+        micro_batches = [trim_response_width(micro)[0] for micro in micro_batches]
         mini = contributing
         for index, micro in enumerate(micro_batches):
             share = count_tokens(micro["response_mask"]).float() / local_tokens
@@ -313,16 +319,22 @@ class TrainEngine:
         for start in range(0, size, step):
             yield {k: v[start:start + step] for k, v in tensors.items()}
 
-    def micro_batches(self, tensors: dict[str, torch.Tensor], *, stand_ins_from: dict[str, torch.Tensor] | None = None
-                      ) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
+    def micro_batches(self, tensors: dict[str, torch.Tensor], *, stand_ins_from: dict[str, torch.Tensor] | None = None,
+                      buckets: bool = False) -> tuple[list[dict[str, torch.Tensor]], list[list[int]]]:
         """The micro-batches of ``tensors`` and their row indices (:mod:`.micro_batches`).
 
         As many micro-batches as :meth:`_agree_micro_batch_count` says: more rows split, then stand-ins
         (made from ``stand_ins_from``, default ``tensors``) after the real ones; their rows are not in
-        the returned groups.
+        the returned groups. ``buckets`` (updates): width buckets where the config sets no micro-batch
+        size or token budget and ``length_buckets`` is on (:func:`.micro_batches.width_bucket_groups`).
         """
-        groups = micro_batch_groups(tensors, micro_batch_size=self.config.micro_batch_size,
-                                    max_tokens=self.config.max_tokens_per_micro_batch)
+        config = self.config
+        if buckets and config.length_buckets and config.micro_batch_size is None and \
+                config.max_tokens_per_micro_batch is None and not config.pack_sequences:
+            groups = self._width_buckets(tensors)
+        else:
+            groups = micro_batch_groups(tensors, micro_batch_size=config.micro_batch_size,
+                                        max_tokens=config.max_tokens_per_micro_batch)
         count = self._agree_micro_batch_count(len(groups))
         if count > len(groups):
             groups = split_groups(groups, count)
@@ -330,6 +342,16 @@ class TrainEngine:
         source = tensors if stand_ins_from is None else stand_ins_from
         parts += [stand_in(source) for _ in range(count - len(groups))]
         return parts, groups
+
+    def _width_buckets(self, tensors: dict[str, torch.Tensor]) -> list[list[int]]:
+        """:func:`.micro_batches.width_bucket_groups` with this module's cost of one more forward and backward:
+        twice the shared-prompt forward's break-even positions at its width (the second backbone call
+        that sharing costs, measured in :mod:`hybridflow.capabilities`), forward and backward."""
+        hidden = getattr(getattr(self.module, "config", None), "hidden_size", None)
+        groups = prompt_groups(tensors["prompt_ids"], tensors["prompt_mask"])
+        return width_bucket_groups(tensors["prompt_mask"], tensors["response_mask"],
+                                   forward_cost=2 * min_saved_positions(hidden),
+                                   prompt_groups=groups[1] if groups is not None else None)
 
     def _agree_micro_batch_count(self, count: int) -> int:
         """The number of micro-batches every rank runs, given this one's ``count``: ``count`` here (one process)."""

@@ -9,7 +9,7 @@ from engine_testkit import tiny_model
 from test_packing import ragged_batch
 
 from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
-from hybridflow.runtime.engines.micro_batches import micro_batch_groups, restore_row_order, stand_in
+from hybridflow.runtime.engines.micro_batches import micro_batch_groups, restore_row_order, stand_in, width_bucket_groups
 from hybridflow.runtime.engines.sequence import row_token_counts
 
 TERMS = [("ppo_clip", 1.0, {}), ("kl_loss", 0.1, {"kl_type": "low_var_kl"}), ("entropy_bonus", 0.01, {})]
@@ -88,3 +88,63 @@ def test_a_rank_with_fewer_micro_batches_splits_them_and_runs_stand_ins_without_
         assert metrics2[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-6), key
     for key, weight in weights.items():
         assert (weight - weights2[key]).abs().max() <= 1e-5, key
+
+
+def _widths_mask(widths: list[int], limit: int = 8) -> torch.Tensor:
+    """A ``(b, limit)`` response mask whose row ``i`` is valid on its first ``widths[i]`` positions."""
+    return (torch.arange(limit)[None] < torch.tensor(widths)[:, None]).float()
+
+
+def test_width_buckets_pick_the_cheapest_count_by_hand():
+    # widths 1 x 6 and 8 x 2 (rows shuffled), P = 2, one more micro-batch costs 10 positions:
+    # k=1: 8*8 + 8*2 = 80; k=2: 4*1 + 4*8 + 16 + 10 = 62; k=4: 2+2+16+16 + 16 + 30 = 82; k=8: 22 + 16 + 70 = 108
+    widths = [8, 1, 1, 1, 8, 1, 1, 1]
+    prompt_mask = torch.ones(8, 2)
+    groups = width_bucket_groups(prompt_mask, _widths_mask(widths), forward_cost=10)
+    assert groups == [[1, 2, 3, 5], [6, 7, 0, 4]]  # stable sort by width, then equal-count cuts
+    # one more micro-batch at 30 positions: k=2 costs 82 > 80, so one bucket of all rows in their order
+    assert width_bucket_groups(prompt_mask, _widths_mask(widths), forward_cost=30) == [list(range(8))]
+    # a long prompt shared by each group of 4 (the shared-prompt forward runs it once per group): k=1 runs
+    # 2 prompts of 40, k=2 mixes both groups into each bucket (4 prompts): 64 + 80 = 144 < 36 + 160 + 10 = 206
+    groups_of_rows = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    long_prompt = torch.ones(8, 40)
+    assert width_bucket_groups(long_prompt, _widths_mask(widths), forward_cost=10,
+                               prompt_groups=groups_of_rows) == [list(range(8))]
+    assert width_bucket_groups(prompt_mask, _widths_mask([]), forward_cost=10) == []
+    assert width_bucket_groups(torch.ones(1, 2), _widths_mask([3]), forward_cost=10) == [[0]]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_width_buckets_give_the_one_micro_batch_step(tokenizer, skip):
+    """Spread lengths: the update runs several buckets, each at its own width, and takes the same step."""
+    model = tiny_model(tokenizer, arch="qwen2")
+    gen = torch.Generator().manual_seed(5)
+    rows, limit = 64, 48
+    # 48 short responses and 16 long ones, shuffled: one bucket computes 64 x 48 response positions,
+    # two compute about 32 x 4 + 32 x 48 plus the tiny model's cost of one more forward (512 at hidden 64)
+    widths = (torch.randint(1, 5, (48,), generator=gen).tolist() + torch.randint(30, 49, (16,), generator=gen).tolist())
+    widths = [widths[i] for i in torch.randperm(rows, generator=gen).tolist()]
+    prompt_ids = torch.randint(4, len(tokenizer), (rows, 3), generator=gen)
+    batch = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones(rows, 3, dtype=torch.long),
+             "response_ids": torch.randint(4, len(tokenizer), (rows, limit), generator=gen),
+             "response_mask": _widths_mask(widths, limit),
+             "advantages": torch.randn(rows, limit, generator=gen) * (torch.arange(rows) % 3 != 0)[:, None],
+             "old_log_probs": -2.0 - 0.05 * torch.rand(rows, limit, generator=gen)}
+    results = {}
+    for buckets in (False, True):
+        config = TrainEngineConfig(lr=1.0, eps=1.0, weight_decay=0.0, max_grad_norm=None, precision="fp32",
+                                   length_buckets=buckets, skip_vanishing_rows=skip)
+        engine = TrainEngine(copy.deepcopy(model), config)
+        parts, groups = engine.micro_batches(batch, buckets=True)
+        results[buckets] = engine.update(batch, [("ppo_clip", 1.0, {})]), engine.module.state_dict(), parts, groups
+    one, bucketed = results[False], results[True]
+    assert len(one[3]) == 1 and len(bucketed[3]) > 1
+    assert sorted(row for group in bucketed[3] for row in group) == list(range(rows))
+    padded = sum(len(g) * max(widths[i] for i in g) for g in bucketed[3])
+    assert padded < rows * max(widths)  # fewer response positions computed
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert bucketed[0][key] == pytest.approx(one[0][key], rel=1e-5, abs=1e-6), key
+    start = model.state_dict()
+    assert max((one[1][k] - start[k]).abs().max() for k in start) > 1e-3  # eps=1, lr=1: the step is about g
+    for key, weight in one[1].items():
+        assert (weight - bucketed[1][key]).abs().max() <= 1e-6, key
