@@ -115,7 +115,7 @@ def test_calibrated_plan_predicts_this_machine_and_checks_itself_after_its_first
     # the drift check ran once its steps were recorded, on those steps, and the cache follows its verdict
     verdict = trainer.calibration_check
     assert verdict == drift_check(trainer.plan, trainer.executor.recorder.spans, trainer.config.calibrate_drift)
-    assert [("calibration/measured_over_predicted" in m) for m in history] == [False] * CHECK_STEPS + [True]
+    assert [("perf/measured_over_predicted" in m) for m in history] == [False] * CHECK_STEPS + [True]
     (profile, cached), = trainer.run_spec.profiles
     assert not cached and profile.measured_layers == () and profile.cache_level is not None  # 2 layers: measured whole
     assert _level_file(profile.cache_key, profile.cache_level).is_file() == (not verdict.drifted)
