@@ -63,8 +63,8 @@ from .profiling import Profile, host_description
 
 log = logging.getLogger("hybridflow.compiler")
 
-__all__ = ["Profile", "fit_line", "split_fixed_cost", "calibrated_cluster", "engine_cost_options", "cache_root", "cache_dir",
-           "profile_key", "load_level", "FITTED_FIELDS"]
+__all__ = ["Profile", "fit_line", "split_fixed_cost", "calibrated_cluster", "engine_cost_options", "cache_root",
+           "cache_dir", "profile_key", "load_level", "FITTED_FIELDS"]
 
 FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward_overhead_s",
                  "train_micro_batch_overhead_s", "optimizer_step_overhead_s", "prefill_overhead_s",

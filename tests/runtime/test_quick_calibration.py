@@ -15,8 +15,9 @@ from hybridflow.compiler.layout import Layout
 from hybridflow.compiler.passes import BatchShape
 from hybridflow.compiler.profiling import Profile
 from hybridflow.errors import ConfigError
-from hybridflow.runtime.calibration import (QUICK_BUDGET, cached_profile, extrapolate, extrapolate_figures, profile_model,
-                                            profile_settings, quick_settings, settle_profile, with_layers)
+from hybridflow.runtime.calibration import (QUICK_BUDGET, cached_profile, extrapolate, extrapolate_figures,
+                                            profile_model, profile_settings, quick_settings, settle_profile,
+                                            with_layers)
 from hybridflow.runtime.spans import Span
 from hybridflow.trainer.calibration_check import CHECK_STEPS, check_calibration, drift_check
 
@@ -84,7 +85,8 @@ def _synthetic(depth: int, split_slow_s: float = 0.0) -> dict:
             times[(depth, kind, b)] = (fixed[kind] + depth * layer[kind]) * (1 + b / 2)
         times[(None, "controller", b)] = 2.5e-4 + 1e-8 * b * R
     # the same rows in SPLIT micro-batches: each further one adds its fixed cost, 1 ms + 0.2 ms a layer
-    times[(depth, "split", SIZES[-1])] = times[(depth, "train", SIZES[-1])] + (SPLIT - 1) * (1e-3 + depth * 2e-4) + split_slow_s
+    further = (SPLIT - 1) * (1e-3 + depth * 2e-4)
+    times[(depth, "split", SIZES[-1])] = times[(depth, "train", SIZES[-1])] + further + split_slow_s
     return times
 
 
@@ -106,15 +108,16 @@ def test_the_quick_profile_of_synthetic_per_layer_times_is_the_whole_models_and_
     measurements extrapolate to the 8-layer ones exactly, and the cluster fitted to them is the one fitted to the
     whole model's (also when the split update is 0.2 s slow at every depth: noise the fit bounds, not the scaling)."""
     assert extrapolate(5e-3, 7e-3, (1, 2), 8) == pytest.approx(19e-3)
-    assert extrapolate_figures({(1, "train", 4): 5e-3, (2, "train", 4): 7e-3, (None, "controller", 4): 1e-4}, (1, 2), 8) \
-        == pytest.approx({("train", 4): 19e-3, ("controller", 4): 1e-4})
+    measured = {(1, "train", 4): 5e-3, (2, "train", 4): 7e-3, (None, "controller", 4): 1e-4}
+    assert extrapolate_figures(measured, (1, 2), 8) == pytest.approx({("train", 4): 19e-3, ("controller", 4): 1e-4})
     model = _model(8)
     shallow = {**_synthetic(1, split_slow_s), **_synthetic(2, split_slow_s)}
     whole = {(None, kind, b): t for (_, kind, b), t in _synthetic(8, split_slow_s).items()}
     quick = extrapolate_figures(shallow, (1, 2), 8)
     assert quick == pytest.approx(extrapolate_figures(whole, None, 8), rel=1e-12)
     assert quick[("train", SIZES[0])] < 2 * shallow[(1, "train", SIZES[0])]  # fixed costs dominate: not 8x one layer
-    quick_fit, whole_fit = (calibrated_cluster(CPU, _profile_of(t, model)) for t in (quick, extrapolate_figures(whole, None, 8)))
+    quick_fit, whole_fit = (calibrated_cluster(CPU, _profile_of(t, model))
+                            for t in (quick, extrapolate_figures(whole, None, 8)))
     for name in FITTED_FIELDS:
         assert getattr(quick_fit, name) == pytest.approx(getattr(whole_fit, name), rel=1e-9, abs=1e-15), name
     assert quick_fit.forward_overhead_s > 0
