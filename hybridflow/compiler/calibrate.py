@@ -28,9 +28,10 @@ the profile's prompt / response lengths, ``L = P + R`` and ``b`` the batch:
   update makes it larger than any fixed cost the updates showed (and a largest
   batch slower per row than its quarters makes it negative), and a run prices
   ``u`` once per micro-batch and backbone call (twice with shared prompts), every
-  mini-batch of every model: unbounded, a split update 30 ms slow (u = 10 ms)
-  priced 63 ms more into each of the quickstart's two updates than the bounded
-  fit of the same timings (a step predicted at 0.26 s, measured at 0.17 s).
+  mini-batch of every model: unbounded, a split update 30 ms longer than the
+  whole batch's (``u`` = 10 ms) priced 63 ms more into each of the quickstart's
+  two updates than the bounded fit of the same timings (a step predicted at
+  0.26 s, measured at 0.17 s).
 - generation, from ``T1`` (one token) and ``TR`` (``R`` tokens): a decode step
   takes ``s = (TR - T1) / (R - 1)`` and the rest, ``TR - R·s``, is the prefill,
   so that prefill + ``R`` steps is ``TR`` exactly as :func:`.cost.generation_time`
