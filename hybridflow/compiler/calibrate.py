@@ -15,13 +15,23 @@ the profile's prompt / response lengths, ``L = P + R`` and ``b`` the batch:
 
 - forward (log-probs): ``x = 2·N·b·L / peak``; ``a`` -> ``forward_overhead_s``,
   ``mfu`` -> ``mfu_infer``.
-- training (one optimizer step over one micro-batch): the split update (the
-  largest batch in ``m`` micro-batches) gives the per-micro-batch part
-  ``u = train_micro_batch_overhead_s = (t_split - t) / (m - 1)``; then
-  ``t - adam - u = a + k·N·b·L / (peak·mfu)`` with ``k`` = 8 with activation
+- training (one optimizer step over one micro-batch):
+  ``t - adam = f + k·N·b·L / (peak·mfu)`` with ``k`` = 8 with activation
   recomputation, else 6 (as :func:`.cost.update_cost`) and ``adam`` the rule's
-  memory-bound AdamW time; ``a`` -> ``optimizer_step_overhead_s``,
-  ``mfu`` -> ``mfu_train``.
+  memory-bound AdamW time; ``mfu`` -> ``mfu_train``. The intercept ``f`` is the
+  whole fixed cost of such an update, one micro-batch's ``u`` plus the optimizer
+  step's ``a``. The split update (the largest batch in ``m`` micro-batches)
+  apportions it: ``u = (t_split - t) / (m - 1)``, held within ``[0, f]``
+  (:func:`split_fixed_cost`), -> ``train_micro_batch_overhead_s``, and
+  ``a = f - u`` -> ``optimizer_step_overhead_s``. The bound matters: ``u`` is the
+  difference of two single figures, so a burst of other work during the split
+  update makes it larger than any fixed cost the updates showed (and a largest
+  batch slower per row than its quarters makes it negative), and a run prices
+  ``u`` once per micro-batch and backbone call (twice with shared prompts), every
+  mini-batch of every model: unbounded, a split update 30 ms longer than the
+  whole batch's (``u`` = 10 ms) priced 63 ms more into each of the quickstart's
+  two updates than the bounded fit of the same timings (a step predicted at
+  0.26 s, measured at 0.17 s).
 - generation, from ``T1`` (one token) and ``TR`` (``R`` tokens): a decode step
   takes ``s = (TR - T1) / (R - 1)`` and the rest, ``TR - R·s``, is the prefill,
   so that prefill + ``R`` steps is ``TR`` exactly as :func:`.cost.generation_time`
@@ -54,8 +64,8 @@ from .profiling import Profile, host_description
 
 log = logging.getLogger("hybridflow.compiler")
 
-__all__ = ["Profile", "fit_line", "calibrated_cluster", "engine_cost_options", "cache_root", "cache_dir",
-           "profile_key", "load_level", "FITTED_FIELDS"]
+__all__ = ["Profile", "fit_line", "split_fixed_cost", "calibrated_cluster", "engine_cost_options", "cache_root",
+           "cache_dir", "profile_key", "load_level", "FITTED_FIELDS"]
 
 FITTED_FIELDS = ("mfu_infer", "mfu_train", "mfu_prefill", "mfu_decode", "forward_overhead_s",
                  "train_micro_batch_overhead_s", "optimizer_step_overhead_s", "prefill_overhead_s",
@@ -118,6 +128,20 @@ def _mfu(slope: float) -> float:
     return 1.0 / max(slope, 1.0)
 
 
+def split_fixed_cost(fixed_s: float, per_micro_s: float) -> tuple[float, float]:
+    """``(u, a)``: the fixed cost ``fixed_s`` of a one-micro-batch update (the training line's intercept) split
+    into the part paid per micro-batch, ``u``, and the part paid per optimizer step, ``a = fixed_s - u``.
+
+    ``per_micro_s``: the split update's estimate of ``u``, ``(t_split - t) / (m - 1)``; it is held within
+    ``[0, fixed_s]``, because a micro-batch cannot cost more fixed time than the whole update it is part of. Both
+    ends are reached on CPU: 4 micro-batches of 128 sequences can take less than one of 512 (the larger one's
+    activations leave the cache: ``u`` below 0), and a burst of other work during the split update puts tens of
+    milliseconds on it (``u`` above the intercept).
+    """
+    per_micro = min(max(per_micro_s, 0.0), max(fixed_s, 0.0))
+    return per_micro, max(fixed_s, 0.0) - per_micro
+
+
 def calibrated_cluster(cluster: ClusterSpec, profile: Profile | Sequence[Profile],
                        options: CostOptions | None = None) -> ClusterSpec:
     """``cluster`` with :data:`FITTED_FIELDS` fitted to ``profile`` (module docstring for the formulas).
@@ -140,11 +164,10 @@ def calibrated_cluster(cluster: ClusterSpec, profile: Profile | Sequence[Profile
     for p in profiles:
         n, steps = p.model.flop_params, p.response_len
         adam = mem.OPTIMIZER_STEP_BYTES_PER_PARAM * p.model.params / (cluster.memory_bandwidth * cluster.memory_bandwidth_efficiency)
-        per_micro = max(0.0, (p.train_split_s - p.train_s[-1]) / (p.split_micro_batches - 1))
-        micro.append(per_micro)
+        micro.append((p.train_split_s - p.train_s[-1]) / (p.split_micro_batches - 1))
         for i, b in enumerate(p.batch_sizes):
             add("forward", _ideal(2 * n * b * p.seq_len, cluster), p.forward_s[i])
-            add("train", _ideal((8 if checkpointing else 6) * n * b * p.seq_len, cluster), p.train_s[i] - adam - per_micro)
+            add("train", _ideal((8 if checkpointing else 6) * n * b * p.seq_len, cluster), p.train_s[i] - adam)
             step = (p.generate_s[i] - p.prefill_s[i]) / (steps - 1)
             add("prefill", _ideal(2 * n * b * p.prompt_len, cluster), p.generate_s[i] - steps * step)
             add("decode", _ideal(2 * n * b, cluster), step)
@@ -154,10 +177,11 @@ def calibrated_cluster(cluster: ClusterSpec, profile: Profile | Sequence[Profile
     prefill = fit_line(*points["prefill"], min_slope=1.0)
     decode = fit_line(*points["decode"], min_slope=1.0)
     op = fit_line(*points["op"])
+    per_micro, per_step = split_fixed_cost(train[0], sum(micro) / len(micro))
     fitted = {
         "mfu_infer": _mfu(forward[1]), "forward_overhead_s": forward[0],
-        "mfu_train": _mfu(train[1]), "optimizer_step_overhead_s": train[0],
-        "train_micro_batch_overhead_s": sum(micro) / len(micro),
+        "mfu_train": _mfu(train[1]), "optimizer_step_overhead_s": per_step,
+        "train_micro_batch_overhead_s": per_micro,
         "mfu_prefill": _mfu(prefill[1]), "prefill_overhead_s": prefill[0],
         "mfu_decode": _mfu(decode[1]), "decode_step_overhead_s": decode[0],
         "op_overhead_s": op[0],

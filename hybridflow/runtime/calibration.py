@@ -48,7 +48,7 @@ from ..errors import ConfigError
 log = logging.getLogger("hybridflow.compiler")
 
 __all__ = ["profile_model", "cached_profile", "run_profiles", "calibrate", "quick_settings", "extrapolate",
-           "profile_settings", "settle_profile", "with_layers"]
+           "extrapolate_figures", "profile_settings", "settle_profile", "with_layers"]
 
 
 def _median_times(calls: Mapping[Any, Callable[[], Any]], repeats: int, sync: Callable[[], None]) -> dict[Any, float]:
@@ -131,6 +131,20 @@ def extrapolate(shallow_s: float, deep_s: float, depths: tuple[int, int], layers
     shallow, deep = depths
     per_layer = max(0.0, deep_s - shallow_s) / (deep - shallow)
     return shallow_s + (layers - shallow) * per_layer
+
+
+def extrapolate_figures(measured: Mapping[tuple[int | None, str, int], float], depths: tuple[int, int] | None,
+                        layers: int) -> dict[tuple[str, int], float]:
+    """(figure, batch size) -> seconds of the ``layers``-deep model, from ``measured``: (depth, figure, batch size)
+    -> seconds, as :func:`profile_model` times them. With ``depths`` every model figure is :func:`extrapolate`-d
+    from the two copies' (the controller's GAE call, depth None, has no layers and is taken as measured);
+    without, the whole model was measured (depth None) and the figures are taken as they are."""
+    if not depths:
+        return {(kind, b): t for (_, kind, b), t in measured.items()}
+    times = {(kind, b): extrapolate(t, measured[(depths[1], kind, b)], depths, layers)
+             for (depth, kind, b), t in measured.items() if depth == depths[0]}
+    times.update({(kind, b): t for (depth, kind, b), t in measured.items() if depth is None})
+    return times
 
 
 def _figures(module, tokenizer, vocab: int, device: str, batch_sizes: tuple[int, ...], prompt_len: int,
@@ -219,12 +233,7 @@ def profile_model(model_dir_or_config: str | os.PathLike | Mapping[str, Any], de
         torch.set_num_threads(before)
         calls = {}  # the models, engines and optimizer states go before the run builds its own
         gc.collect()
-    if depths:
-        times = {(kind, b): extrapolate(measured[(depths[0], kind, b)], measured[(depths[1], kind, b)], depths, layers)
-                 for depth, kind, b in measured if depth == depths[0]}
-    else:
-        times = {(kind, b): t for (_, kind, b), t in measured.items()}
-    times.update({("controller", b): measured[(None, "controller", b)] for b in batch_sizes})
+    times = extrapolate_figures(measured, depths, layers)
     return Profile(
         model=ModelSpec.from_config(config, name=Path(source).name if source != "config" else None),
         source=source, device=str(device), threads=used_threads, torch_version=torch.__version__, host=host_description(),

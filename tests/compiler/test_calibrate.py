@@ -13,7 +13,8 @@ import hybridflow.runtime.calibration as calibration
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.cli import main
 from hybridflow.compiler import ClusterSpec, ModelSpec
-from hybridflow.compiler.calibrate import FITTED_FIELDS, Profile, calibrated_cluster, engine_cost_options, fit_line, load_level
+from hybridflow.compiler.calibrate import (FITTED_FIELDS, Profile, calibrated_cluster, engine_cost_options, fit_line,
+                                          load_level, split_fixed_cost)
 from hybridflow.runtime.calibration import cached_profile, calibrate, profile_model, settle_profile
 from hybridflow.compiler.cluster import CLUSTER_PRESETS, GIB
 from hybridflow.compiler.compile import compile
@@ -97,6 +98,36 @@ def test_fitted_rules_reproduce_noisy_measurements_up_to_the_least_squares_resid
     # the split update is the largest batch's plus (m - 1) micro-batch overheads: it misses by that batch's residual
     assert predicted["train_split_s"] - measured["train_split_s"] == pytest.approx(
         predicted["train_s"][-1] - measured["train_s"][-1], abs=1e-9)
+
+
+def test_the_split_update_apportions_the_fixed_cost_of_an_update_and_never_adds_to_it():
+    """An update of one micro-batch has 6 ms of fixed cost f: 4 ms per micro-batch (u) + 2 ms per optimizer step (a).
+    The split update (4 micro-batches) gives u = (t_split - t) / 3, held within [0, f]."""
+    assert split_fixed_cost(6e-3, 4e-3) == pytest.approx((4e-3, 2e-3))
+    assert split_fixed_cost(6e-3, 10e-3) == pytest.approx((6e-3, 0.0))  # more than the whole update's fixed cost
+    assert split_fixed_cost(6e-3, -1e-3) == pytest.approx((0.0, 6e-3))  # 4 quarters faster than the whole batch
+    assert split_fixed_cost(-1e-3, 2e-3) == (0.0, 0.0)
+
+
+def test_a_slow_split_update_does_not_inflate_the_updates_a_run_prices():
+    """The split update measured 30 ms slow (a burst of other work): its estimate of u is 4 + 30/3 = 14 ms, more
+    than the 6 ms of fixed cost the single-micro-batch updates show. The fit keeps f = 6 ms and moves it all to u:
+    every measured update is still reproduced, and an update priced as the quickstart's (4 mini-batches of one
+    micro-batch, two backbone calls each with shared prompts) costs 2·6 = 12 ms of fixed time a step instead of
+    2·4 + 2 = 10 ms, 8 ms more over its 4 steps; the fit that took u = 14 ms (a = 0, the line refitted through the
+    origin) priced 64 ms more."""
+    truth = CPU.model_copy(update=OVERHEADS)
+    exact = _times(truth)
+    slow = calibrated_cluster(CPU, _profile(**{**exact, "train_split_s": exact["train_split_s"] + 30e-3}))
+    assert slow.train_micro_batch_overhead_s == pytest.approx(6e-3, rel=1e-6)
+    assert slow.optimizer_step_overhead_s == pytest.approx(0.0, abs=1e-12)
+    assert slow.mfu_train == pytest.approx(truth.mfu_train, rel=1e-6)
+    assert _times(slow)["train_s"] == pytest.approx(exact["train_s"], rel=1e-9)  # what was measured, reproduced
+    update = Update(TINY, ONE, 512, 20, mini_batches=4, prompt_len=16, samples=16)
+    options = engine_cost_options(train_micro_batch=128, infer_micro_batch=512)
+    shared = dict(estimate(update, truth, options).parts)["overhead"]
+    assert shared == pytest.approx(4 * (2 * 4e-3 + 2e-3))  # the rule prices two backbone calls per micro-batch here
+    assert estimate(update, slow, options).time_s - estimate(update, truth, options).time_s == pytest.approx(8e-3)
 
 
 def test_profiles_of_several_models_are_fitted_together():

@@ -8,15 +8,16 @@ import pytest
 
 from hybridflow.algorithms import ALGORITHMS
 from hybridflow.compiler import ClusterSpec, ModelSpec, compile_for
-from hybridflow.compiler.calibrate import calibrated_cluster, engine_cost_options, load_level
+from hybridflow.compiler.calibrate import FITTED_FIELDS, calibrated_cluster, engine_cost_options, load_level
 from hybridflow.compiler.cluster import GIB
 from hybridflow.compiler.cost import Generate, Infer, Update, estimate
 from hybridflow.compiler.layout import Layout
 from hybridflow.compiler.passes import BatchShape
 from hybridflow.compiler.profiling import Profile
 from hybridflow.errors import ConfigError
-from hybridflow.runtime.calibration import (QUICK_BUDGET, cached_profile, extrapolate, profile_model, profile_settings,
-                                            quick_settings, settle_profile, with_layers)
+from hybridflow.runtime.calibration import (QUICK_BUDGET, cached_profile, extrapolate, extrapolate_figures,
+                                            profile_model, profile_settings, quick_settings, settle_profile,
+                                            with_layers)
 from hybridflow.runtime.spans import Span
 from hybridflow.trainer.calibration_check import CHECK_STEPS, check_calibration, drift_check
 
@@ -70,6 +71,65 @@ def test_extrapolate_is_linear_in_layers_and_never_lets_a_layer_save_time():
     assert extrapolate(1.0, 1.5, (1, 2), 8) == pytest.approx(1.0 + 7 * 0.5)
     assert extrapolate(1.0, 2.0, (1, 3), 5) == pytest.approx(1.0 + 4 * 0.5)
     assert extrapolate(1.0, 0.9, (1, 2), 8) == 1.0  # noise made the deeper copy faster: no negative layer time
+
+
+def _synthetic(depth: int, split_slow_s: float = 0.0) -> dict:
+    """(depth measured at, figure, batch size) -> seconds of a model ``depth`` layers deep whose every figure is a
+    fixed part (embedding, head, sampling, per-call costs: large, as in a small model) plus ``depth`` times a
+    per-layer part, each growing with the batch; the controller's GAE call has no layers."""
+    fixed = {"forward": 3e-3, "train": 40e-3, "prefill": 2e-3, "generate": 6e-3}
+    layer = {"forward": 4e-4, "train": 1.2e-3, "prefill": 3e-4, "generate": 9e-4}
+    times = {}
+    for b in SIZES:
+        for kind in fixed:
+            times[(depth, kind, b)] = (fixed[kind] + depth * layer[kind]) * (1 + b / 2)
+        times[(None, "controller", b)] = 2.5e-4 + 1e-8 * b * R
+    # the same rows in SPLIT micro-batches: each further one adds its fixed cost, 1 ms + 0.2 ms a layer
+    further = (SPLIT - 1) * (1e-3 + depth * 2e-4)
+    times[(depth, "split", SIZES[-1])] = times[(depth, "train", SIZES[-1])] + further + split_slow_s
+    return times
+
+
+def _profile_of(times: dict, model: ModelSpec) -> Profile:
+    """The profile profile_model would return for (figure, batch size) -> seconds ``times``."""
+    def per_size(kind):
+        return tuple(times[(kind, b)] for b in SIZES)
+
+    return Profile(model=model, source="synthetic", device="cpu", threads=1, torch_version="x", host="h", prompt_len=P,
+                   response_len=R, batch_sizes=SIZES, split_micro_batches=SPLIT, forward_s=per_size("forward"),
+                   train_s=per_size("train"), train_split_s=times[("split", SIZES[-1])], prefill_s=per_size("prefill"),
+                   generate_s=per_size("generate"), controller_s=per_size("controller"))
+
+
+@pytest.mark.parametrize("split_slow_s", [0.0, 0.2])
+def test_the_quick_profile_of_synthetic_per_layer_times_is_the_whole_models_and_fits_the_same(split_slow_s):
+    """Hand-worked: 5 ms at one layer and 7 ms at two is 3 ms of fixed cost and 2 ms a layer, so 3 + 8·2 = 19 ms at
+    eight: the fixed cost is counted once, not once a layer. With every figure made that way the 1- and 2-layer
+    measurements extrapolate to the 8-layer ones exactly, and the cluster fitted to them is the one fitted to the
+    whole model's (also when the split update is 0.2 s slow at every depth: noise the fit bounds, not the scaling)."""
+    assert extrapolate(5e-3, 7e-3, (1, 2), 8) == pytest.approx(19e-3)
+    measured = {(1, "train", 4): 5e-3, (2, "train", 4): 7e-3, (None, "controller", 4): 1e-4}
+    assert extrapolate_figures(measured, (1, 2), 8) == pytest.approx({("train", 4): 19e-3, ("controller", 4): 1e-4})
+    model = _model(8)
+    shallow = {**_synthetic(1, split_slow_s), **_synthetic(2, split_slow_s)}
+    whole = {(None, kind, b): t for (_, kind, b), t in _synthetic(8, split_slow_s).items()}
+    quick = extrapolate_figures(shallow, (1, 2), 8)
+    assert quick == pytest.approx(extrapolate_figures(whole, None, 8), rel=1e-12)
+    assert quick[("train", SIZES[0])] < 2 * shallow[(1, "train", SIZES[0])]  # fixed costs dominate: not 8x one layer
+    quick_fit, whole_fit = (calibrated_cluster(CPU, _profile_of(t, model))
+                            for t in (quick, extrapolate_figures(whole, None, 8)))
+    for name in FITTED_FIELDS:
+        assert getattr(quick_fit, name) == pytest.approx(getattr(whole_fit, name), rel=1e-9, abs=1e-15), name
+    assert quick_fit.forward_overhead_s > 0
+    if not split_slow_s:  # 1 ms + 8 x 0.2 ms per further micro-batch, recovered through the extrapolation
+        assert quick_fit.train_micro_batch_overhead_s == pytest.approx(2.6e-3, rel=1e-9)
+        assert quick_fit.optimizer_step_overhead_s > 0
+    else:  # the whole fixed cost of an update (what u + a is without the slow split), no more
+        steady = calibrated_cluster(CPU, _profile_of(extrapolate_figures(
+            {**_synthetic(1), **_synthetic(2)}, (1, 2), 8), model))
+        assert quick_fit.train_micro_batch_overhead_s == pytest.approx(
+            steady.train_micro_batch_overhead_s + steady.optimizer_step_overhead_s, rel=1e-9)
+        assert quick_fit.optimizer_step_overhead_s == 0 and quick_fit.mfu_train == pytest.approx(steady.mfu_train)
 
 
 def test_quick_settings_size_the_batches_to_the_measured_depth():
