@@ -119,14 +119,21 @@ def correction_of(metrics_file: Path) -> dict | None:
     (``response_length/mean``; every step has the same number of responses). With one mini-batch and one
     epoch (the recipe) the ratio of an on-policy step is exactly 1 and nothing is clipped, so the share is what
     the lag costs. ``staleness``: the mean of ``rollout/staleness`` over the steps (the lag in updates).
+    An algorithm that corrects with importance weights instead (``grpo_is``, ``grpo_decoupled``: its clip is
+    around a recomputed policy, so the share above is not its correction) also gets ``mean_is_weight``: the
+    mean over the steps of its weight op's ``.../is_weights/mean``.
     """
     steps = [r for r in map(json.loads, metrics_file.read_text().splitlines()) if "actor/pg_clipfrac" in r]
     if not steps:
         return None
     tokens = [r.get("response_length/mean", 1.0) for r in steps]
     clipped = sum(r["actor/pg_clipfrac"] * t for r, t in zip(steps, tokens)) / max(sum(tokens), 1e-12)
-    return {"clipped_token_frac": round(clipped, 4), "max_step_clipped_frac": round(max(r["actor/pg_clipfrac"] for r in steps), 4),
-            "staleness": round(statistics.mean(r.get("rollout/staleness", 0.0) for r in steps), 3)}
+    result = {"clipped_token_frac": round(clipped, 4), "max_step_clipped_frac": round(max(r["actor/pg_clipfrac"] for r in steps), 4),
+              "staleness": round(statistics.mean(r.get("rollout/staleness", 0.0) for r in steps), 3)}
+    weights = [v for r in steps for k, v in r.items() if k.endswith("/is_weights/mean")]
+    if weights:
+        result["mean_is_weight"] = round(statistics.mean(weights), 4)
+    return result
 
 
 def first_reached(curve, threshold: float):
@@ -171,7 +178,8 @@ def report(results: list[dict]) -> None:
         if r.get("correction") and (r["correction"]["staleness"] or r["correction"]["clipped_token_frac"]):
             c = r["correction"]
             print(f"{'':8} correction: {c['clipped_token_frac']:.4f} of response tokens clipped by the PPO ratio (no gradient; "
-                  f"most in one step {c['max_step_clipped_frac']:.3f}), mean lag {c['staleness']:.2f} updates")
+                  f"most in one step {c['max_step_clipped_frac']:.3f}), mean lag {c['staleness']:.2f} updates"
+                  + (f", mean IS weight {c['mean_is_weight']:.3f}" if "mean_is_weight" in c else ""))
         if r.get("dynamic_sampling"):
             ds = r["dynamic_sampling"]
             print(f"{'':8} dynamic sampling, mean per step: {ds['dropped_group_frac']:.3f} of groups dropped, "

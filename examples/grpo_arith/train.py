@@ -63,6 +63,11 @@ VLLM_OPTIONS = {"max_model_len": 64, "kv_cache_gib": 1}
 """``--rollout-engine vllm``: prompts of this task are a dozen tokens, so a short model length and a 1 GiB cache."""
 
 
+def stale_placement(algorithm: str) -> str:
+    """The actor (with the reference, where the algorithm has one) on one slot, its generation on another."""
+    return "+".join(["actor"] + (["ref"] if "ref" in ALGORITHMS[algorithm].roles else [])) + "@1;actor.generate@1"
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/grpo_arith", help="output folder")
@@ -90,8 +95,8 @@ def main(argv=None) -> dict:
                              "ratio against the rollout's own log-probs corrects the lag")
     parser.add_argument("--executor", default="local", choices=("local", "ray"), help="run on this process or on Ray")
     parser.add_argument("--placement", default=None,
-                        help="the compiler's placement (default: auto; with --staleness, actor+ref@1;actor.generate@1: "
-                             "generation on a pool of its own)")
+                        help="the compiler's placement (default: auto; with --staleness, actor+ref@1;actor.generate@1, "
+                             "without ref for an algorithm without one: generation on a pool of its own)")
     args = parser.parse_args(argv)
     lora = dict(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha or 2.0 * args.lora_rank) if args.lora_rank else {}
     lr = args.lr or (4e-3 if args.lora_rank else 2e-3)
@@ -119,7 +124,7 @@ def main(argv=None) -> dict:
         log_every=args.eval_every, progress_bar=False, rollout_engine=args.rollout_engine,
         rollout_engine_options=VLLM_OPTIONS if args.rollout_engine == "vllm" else {},
         staleness=args.staleness, executor=args.executor,
-        placement=args.placement or ("actor+ref@1;actor.generate@1" if args.staleness else "auto"),
+        placement=args.placement or (stale_placement(args.algorithm) if args.staleness else "auto"),
     )
     trainer = Trainer(config, algorithm=args.algorithm)  # the reference model of the KL loss is the warmed-up model
     history = trainer.train()

@@ -259,6 +259,10 @@ def test_bench_learning_share_clipped_weighs_steps_by_their_tokens(tmp_path):
     metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert tool("bench_learning.py").correction_of(metrics) == {"clipped_token_frac": 0.2, "max_step_clipped_frac": 0.4,
                                                                 "staleness": 3.0}
+    # an IS-weighted correction's weights (grpo_is): their mean over the steps, beside the clip's share
+    records[1]["truncated_is_weight/is_weights/mean"], records[2]["truncated_is_weight/is_weights/mean"] = 0.75, 0.95
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert tool("bench_learning.py").correction_of(metrics)["mean_is_weight"] == 0.85
 
 
 def test_bench_learning_stale_runs_go_to_ray(tmp_path, capsys):
