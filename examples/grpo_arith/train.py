@@ -32,6 +32,11 @@ is then the same module with its adapters disabled.
 head_dim >= 32, so it goes with ``--heads 2`` (hidden 64 in 2 heads of 32, 1 KV head: the same
 parameter count as the default 4 heads of 16 with 2 KV heads).
 
+``--staleness K --executor ray`` generates up to K steps ahead of training on a rollout pool of its own
+(placement ``actor+ref@1;actor.generate@1``): step i trains on responses sampled by the weights of step i-K.
+The recipe needs nothing else: its PPO ratio is taken against the rollout's own log-probs
+(``recompute_old_log_probs=False``), so the clip bounds the whole lag (``tools/bench_learning.py --staleness K``).
+
 Run: python examples/grpo_arith/train.py [--out runs/grpo_arith] [--seed 0] [--steps 1000] [--algorithm grpo]
 Prints the accuracy curve and writes metrics.jsonl (and curve.json) to --out.
 """
@@ -58,6 +63,11 @@ VLLM_OPTIONS = {"max_model_len": 64, "kv_cache_gib": 1}
 """``--rollout-engine vllm``: prompts of this task are a dozen tokens, so a short model length and a 1 GiB cache."""
 
 
+def stale_placement(algorithm: str) -> str:
+    """The actor (with the reference, where the algorithm has one) on one slot, its generation on another."""
+    return "+".join(["actor"] + (["ref"] if "ref" in ALGORITHMS[algorithm].roles else [])) + "@1;actor.generate@1"
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/grpo_arith", help="output folder")
@@ -80,6 +90,13 @@ def main(argv=None) -> dict:
                         help="train LoRA adapters of this rank on every linear layer instead of all weights (needs peft)")
     parser.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale alpha (default: 2 x rank)")
     parser.add_argument("--lr", type=float, default=None, help="peak actor learning rate (default: 2e-3; with LoRA 4e-3)")
+    parser.add_argument("--staleness", type=int, default=0,
+                        help="k >= 1: generation runs up to k steps ahead of training (needs --executor ray); the PPO "
+                             "ratio against the rollout's own log-probs corrects the lag")
+    parser.add_argument("--executor", default="local", choices=("local", "ray"), help="run on this process or on Ray")
+    parser.add_argument("--placement", default=None,
+                        help="the compiler's placement (default: auto; with --staleness, actor+ref@1;actor.generate@1, "
+                             "without ref for an algorithm without one: generation on a pool of its own)")
     args = parser.parse_args(argv)
     lora = dict(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha or 2.0 * args.lora_rank) if args.lora_rank else {}
     lr = args.lr or (4e-3 if args.lora_rank else 2e-3)
@@ -106,6 +123,8 @@ def main(argv=None) -> dict:
         val_samples=1, stop_at_val_score=args.target, resume="never", overwrite=True, trackers=("console", "jsonl"),
         log_every=args.eval_every, progress_bar=False, rollout_engine=args.rollout_engine,
         rollout_engine_options=VLLM_OPTIONS if args.rollout_engine == "vllm" else {},
+        staleness=args.staleness, executor=args.executor,
+        placement=args.placement or (stale_placement(args.algorithm) if args.staleness else "auto"),
     )
     trainer = Trainer(config, algorithm=args.algorithm)  # the reference model of the KL loss is the warmed-up model
     history = trainer.train()

@@ -130,7 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default auto; CONFIG.yaml: placement=...)")
     parser.add_argument("--staleness", type=int, default=None, metavar="K",
                         help="ALGO: overlap generation of iteration i+K with iteration i (needs a rollout pool of its own; "
-                             "a policy-gradient loss then needs an off-policy correction, e.g. algorithm grpo_is)")
+                             "a policy-gradient loss then needs an off-policy correction, e.g. grpo with recompute_old_log_probs=false, "
+                             "or algorithm grpo_is)")
     parser.add_argument("--allow-uncorrected-staleness", action="store_true",
                         help="ALGO with --staleness: compile a loss without an off-policy correction anyway (a warning; "
                              "CONFIG.yaml: allow_uncorrected_staleness=true)")

@@ -8,7 +8,7 @@ the flags allow, and each test checks what the tool printed or wrote, never how 
 Not run for real here, and why (each still gets ``--help``):
 
 * The Ray benchmarks (bench_async, bench_checkpoint, bench_dispatch, bench_overlap, bench_weight_sync, bench_streaming's
-  default, and bench_placements' Ray rows): a Ray instance and its worker processes, each importing torch, cost
+  default, bench_placements' Ray rows, and bench_learning's stale runs, ``--staleness K``): a Ray instance and its worker processes, each importing torch, cost
   ~85 s of CPU for bench_overlap's smallest run on 2 cores, several times this file's budget. Their
   set-up before Ray (the plans of the default form compile and bind on this machine: where three of
   them used to fail) is run instead.
@@ -245,6 +245,34 @@ def test_bench_learning_runs_one_recipe_step(tmp_path, capsys):
     assert result["algo"] == "grpo" and result["steps"] == 1
     assert [step for step, _, _ in result["curve"]] == [0, 1] and 0 <= result["final"] <= 1
     assert "summary grpo: reached 0.5 on" in out
+    # on-policy, one mini-batch, one epoch: the ratio to the rollout's own log-probs is 1, nothing is clipped
+    assert result["correction"] == {"clipped_token_frac": 0.0, "max_step_clipped_frac": 0.0, "staleness": 0.0}
+
+
+def test_bench_learning_share_clipped_weighs_steps_by_their_tokens(tmp_path):
+    """Two steps of 512 responses: 10 % of 2.0 tokens each clipped, then 40 % of 1.0: (0.1*2 + 0.4*1) / 3 = 0.2 of
+    the tokens; the validation record (no clip metric) and the mean lag (2 and 4 updates: 3) as written."""
+    metrics = tmp_path / "metrics.jsonl"
+    records = [{"step": 0, "val/score/greedy": 0.1},
+               {"step": 1, "actor/pg_clipfrac": 0.1, "response_length/mean": 2.0, "rollout/staleness": 2.0},
+               {"step": 2, "actor/pg_clipfrac": 0.4, "response_length/mean": 1.0, "rollout/staleness": 4.0}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert tool("bench_learning.py").correction_of(metrics) == {"clipped_token_frac": 0.2, "max_step_clipped_frac": 0.4,
+                                                                "staleness": 3.0}
+    # an IS-weighted correction's weights (grpo_is): their mean over the steps, beside the clip's share
+    records[1]["truncated_is_weight/is_weights/mean"], records[2]["truncated_is_weight/is_weights/mean"] = 0.75, 0.95
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert tool("bench_learning.py").correction_of(metrics)["mean_is_weight"] == 0.85
+
+
+def test_bench_learning_stale_runs_go_to_ray(tmp_path, capsys):
+    """A stale run's recipe command carries k and the executor; k >= 1 on the local executor is refused (a usage
+    error) before any run starts."""
+    cmd = tool("bench_learning.py").command("grpo", 3, tmp_path, None, None, staleness=4, executor="ray")
+    assert cmd[cmd.index("--staleness") + 1] == "4" and cmd[cmd.index("--executor") + 1] == "ray"
+    code, _, err = exits("bench_learning.py", ["--algo", "grpo", "--staleness", "2", "--executor", "local",
+                                               "--out", str(tmp_path)], capsys)
+    assert code == 2 and "add --executor ray" in err and not (tmp_path / "grpo@k2_seed0").exists()
 
 
 def test_bench_logprob_measures_both_variants(capsys):
