@@ -371,6 +371,7 @@ class PlanExecutor(ABC):
         if foreign:
             raise PlanError(f"plan {plan.graph.name!r} uses pools {foreign} that this executor does not run "
                             f"(its pools: {', '.join(mine)}); derive it from the executor's plan")
+        self._finish_ahead({pool for op in plan.ops for pool in (op.pool, op.target_pool) if pool is not None})
         saved_graph, saved_recorder = self.graph, self.recorder
         self.graph = plan.graph
         self.recorder = SpanRecorder()
@@ -384,6 +385,16 @@ class PlanExecutor(ABC):
             self.side_spans.extend(self.recorder.spans)
             self.graph, self.recorder = saved_graph, saved_recorder
         return IterationResult(env=stream.state.env, metrics=stream.state.metrics, results=stream.state.results)
+
+    def _finish_ahead(self, pools: set[str]) -> None:
+        """Staged weight sync: drive the generations working ahead to their end before another plan's ops go to
+        their ``pools``. Their loads and generate ops are sent one after the other as the rollout pool gets to them
+        (:mod:`.staged_sync`), so an op of another plan — the validation plan's weight sync — could otherwise come
+        between a generation's load and its generate op. The collective sync sends a generation whole."""
+        if self.weight_sync != "staged" or not any(s.busy_pools() & pools for s in self.ahead):
+            return
+        for stream in self.ahead:
+            self.drive(list(self.ahead), stream)
 
     def _check_inputs(self, inputs: Mapping[str, Batch]) -> None:
         expected = {i.name for i in self.graph.inputs}

@@ -11,7 +11,8 @@ run, a single mapping for k = 1)
 
 1. takes the generation for ``inputs_i`` from the front of the buffer (or, on
    the first call, runs it now: that rollout is on-policy) and drives every
-   generation of the buffer to its end, so the generation pool is idle;
+   generation of the buffer to its end, so the generation pool is idle (with the
+   staged weight sync only that one: the others go on, see below);
 2. sends the generation of the first step of ``next_inputs`` that is not in the
    buffer yet: its weight sync is queued on the train pool ahead of this step's
    ops, so it carries the weights after step i-1 (version i: step i's update
@@ -34,11 +35,18 @@ a rollout of version 0 (lag j). Each token's version is in the rollout's
 ``rollout/staleness``. A graph with ``truncated_is_weight`` and ``ppo_clip_is``
 corrects the policy loss for it.
 
-**What k > 1 buys.** The generation pool is made idle before each sync, so one
-generation runs beside each training step, as with k = 1; a larger k keeps
-finished rollouts ready but does not let a sync pass a generation in flight (a
-broadcast needs both sides). The throughput against k is measured by
-``tools/bench_async.py``.
+**What k > 1 buys** depends on the weight sync (:attr:`PlanExecutor.weight_sync`, config
+``async_weight_sync``). *Collective* (the default): the generation pool is made idle before
+each sync, so one generation runs beside each training step, as with k = 1; a larger k keeps
+finished rollouts ready but does not let a sync pass a generation in flight (a broadcast needs
+both sides). *Staged* (:mod:`.staged_sync`): the sync of step i+k's generation is cut into a
+stage op on the train pool (queued where the sync was, ahead of step i's update, so the
+version is the same) and a load op on the rollout pool, which waits for the generation before
+it; step 1 drives only step i's own rollout, and the buffer's generations, their loads and the
+new one go on while step i trains and after the call returns. The rollout pool thus runs up to
+k generations ahead, bounded by data, as in ``async_cost``'s ``sync="staged"`` model, so a
+larger k can absorb generation times that vary. ``tools/bench_async.py`` measures the
+throughput against k for both, predicted beside measured.
 
 With ``partial_rollouts: continue`` (:mod:`.partial`) each generation sent ahead runs in segments, and
 once step i's update is done the rest of it is decoded with the weights after step i; each token's
@@ -124,6 +132,7 @@ def run_overlapped(ex: "PlanExecutor", inputs: Inputs, next_inputs: Inputs | Seq
     #    staged: the buffer's generations go on
     if staged:
         ex.drive([current, *buffer], current)
+        current.after = None  # finished: the chain of streams ahead stays at most k + 1 long
     else:
         for stream in [current, *buffer]:
             ex.drive([stream], stream)

@@ -46,7 +46,10 @@ from .interpreter import InFlight, IterationState, Stream, sync_metrics
 if TYPE_CHECKING:
     from .interpreter import PlanExecutor
 
-__all__ = ["SYNC_MODES", "check_weight_sync", "stage_syncs"]
+__all__ = ["SYNC_MODES", "HALVES", "check_weight_sync", "stage_syncs", "plan_op_name"]
+
+HALVES = (".stage", ".load")
+"""Suffixes of a staged sync's two ops: ``<sync op>.stage`` (train pool) and ``<sync op>.load`` (rollout pool)."""
 
 
 def check_weight_sync(mode: str, *, staleness: int, executor: str = "ray", partial_rollouts: str = "finish") -> None:
@@ -69,12 +72,21 @@ def check_weight_sync(mode: str, *, staleness: int, executor: str = "ray", parti
                           "async_weight_sync=collective")
 
 
+def plan_op_name(name: str, plan_ops: set[str] | frozenset[str]) -> str:
+    """The plan op a span's op ``name`` runs: a staged sync's halves (``<sync>.stage``, ``<sync>.load``) map to the
+    plan's sync op ``<sync>``; any other name is its own."""
+    for suffix in HALVES:
+        if name.endswith(suffix) and name[:-len(suffix)] in plan_ops:
+            return name[:-len(suffix)]
+    return name
+
+
 def stage_syncs(ex: "PlanExecutor", stream: Stream) -> None:
     """Replace each cross-pool weight sync pending in ``stream`` (a generation working ahead) by its stage op on the
     train pool and its load op on the rollout pool (module docstring); ops that waited on the sync wait on the load."""
     for sync in [op for op in stream.pending if op.kind == "weight_sync" and op.target_pool not in (None, op.pool)]:
-        stage = sync.model_copy(update={"name": f"{sync.name}.stage", "target_pool": None})
-        load = sync.model_copy(update={"name": f"{sync.name}.load", "pool": sync.target_pool, "target_pool": None,
+        stage = sync.model_copy(update={"name": f"{sync.name}{HALVES[0]}", "target_pool": None})
+        load = sync.model_copy(update={"name": f"{sync.name}{HALVES[1]}", "pool": sync.target_pool, "target_pool": None,
                                        "deps": (stage.name,)})
         pending = []
         for op in stream.pending:

@@ -15,7 +15,7 @@ from hybridflow.errors import ConfigError
 from hybridflow.runtime.engines import SamplingParams, TrainEngineConfig
 from hybridflow.runtime.local import LocalExecutor
 from hybridflow.runtime.roles import RoleSpec
-from hybridflow.runtime.staged_sync import check_weight_sync
+from hybridflow.runtime.staged_sync import check_weight_sync, plan_op_name
 from hybridflow_ops.rewards.arithmetic import compute_score
 
 TOKENIZER = make_tiny_tokenizer("arithmetic")
@@ -50,3 +50,10 @@ def test_staged_sync_needs_pools_that_run_at_once_and_no_midway_sync():
         check_weight_sync("staged", staleness=2, executor="local")
     with pytest.raises(ConfigError, match="partial_rollouts=continue: a generation continued under newer weights"):
         check_weight_sync("staged", staleness=1, executor="ray", partial_rollouts="continue")
+
+
+def test_a_staged_syncs_halves_count_as_its_plan_op():
+    ops = frozenset({"actor.weight_sync", "actor.generate", "actor.update"})
+    assert plan_op_name("actor.weight_sync.stage", ops) == plan_op_name("actor.weight_sync.load", ops) == "actor.weight_sync"
+    assert plan_op_name("actor.generate", ops) == "actor.generate"
+    assert plan_op_name("critic.load", ops) == "critic.load"  # no plan op 'critic': a name of its own

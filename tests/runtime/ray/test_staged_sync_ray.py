@@ -13,6 +13,7 @@ import pytest
 import torch
 from ray_testkit import compiled_plan, grpo_tis, prompts, role_specs, tiny_model, train_state
 
+from hybridflow.compiler.validation import validation_plan
 from hybridflow.graph.staleness import edge_lags
 from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
 from hybridflow.runtime.ray import RayExecutor
@@ -42,6 +43,10 @@ def test_staged_sync_samples_each_rollout_with_the_compiled_lags_version(ray_clu
             following = batches[i + 1:min(i + 1 + k, steps)]
             results.append(executor.run_iteration(batches[i], next_inputs=following))
             assert len(executor.ahead) == len(following) <= k  # the bounded buffer
+            if i == 1:  # a validation between steps syncs the newest weights (version 2) to the rollout pool, after
+                # the buffer's generations (step 3's: its load of version 1 is sent, its generate op may not be yet)
+                validated = executor.run_plan(validation_plan(plan, samples=1), {"prompts": prompts(9)})
+                assert validated.env["actor.generate"]["policy_version"].unique().tolist() == [i + 1]
             weights.append(train_state(executor, "actor")["model"])
         spans = executor.trace_spans()
     assert all(any(not torch.equal(a[n], b[n]) for n in a) for a, b in zip(weights, weights[1:]))  # real updates
