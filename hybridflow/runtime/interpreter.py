@@ -145,13 +145,12 @@ class Stream:
     """Op name -> how this stream sends that op, in place of :data:`OP_SUBMITTERS` (partial rollouts send a
     generation in segments: :mod:`.partial`; a staged weight sync its two halves: :mod:`.staged_sync`)."""
     after: "Stream | None" = None
-    """A stream whose pool order this one keeps: none of this stream's ops on a pool is sent while ``after`` has ops
-    pending or in flight on that pool (generations working ahead with a staged weight sync, :mod:`.staged_sync`)."""
+    """A stream whose pool order this one keeps: none of this stream's ops on a pool is sent while ``after`` still
+    has ops to send to that pool (generations working ahead with a staged weight sync, :mod:`.staged_sync`)."""
 
-    def busy_pools(self) -> set[str]:
-        """The pools this stream still has ops pending or in flight on."""
-        ops = [*self.pending, *(f.op for f in self.inflight.values())]
-        return {pool for op in ops for pool in (op.pool, op.target_pool) if pool is not None}
+    def unsent_pools(self) -> set[str]:
+        """The pools this stream still has ops to send to."""
+        return {pool for op in self.pending for pool in (op.pool, op.target_pool) if pool is not None}
 
     @property
     def finished(self) -> bool:
@@ -388,10 +387,10 @@ class PlanExecutor(ABC):
 
     def _finish_ahead(self, pools: set[str]) -> None:
         """Staged weight sync: drive the generations working ahead to their end before another plan's ops go to
-        their ``pools``. Their loads and generate ops are sent one after the other as the rollout pool gets to them
-        (:mod:`.staged_sync`), so an op of another plan — the validation plan's weight sync — could otherwise come
-        between a generation's load and its generate op. The collective sync sends a generation whole."""
-        if self.weight_sync != "staged" or not any(s.busy_pools() & pools for s in self.ahead):
+        their ``pools`` while any of them still has ops to send there. A generation's load waits for its stage
+        (:mod:`.staged_sync`), so an op of another plan — the validation plan's weight sync — could otherwise be sent
+        between the loads and generate ops of the generations ahead. The collective sync sends a generation whole."""
+        if self.weight_sync != "staged" or not any(s.unsent_pools() & pools for s in self.ahead):
             return
         for stream in self.ahead:
             self.drive(list(self.ahead), stream)
@@ -450,7 +449,7 @@ class PlanExecutor(ABC):
         """Send (or, for controller ops, run) every op whose deps are done, keeping each pool's plan order."""
         progress = True
         while progress:
-            progress, blocked = False, set(stream.after.busy_pools()) if stream.after is not None else set()
+            progress, blocked = False, stream.after.unsent_pools() if stream.after is not None else set()
             for op in list(stream.pending):
                 if stream.resample is not None and stream.resample.holds(op):
                     continue  # after the dynamic-sampling region; it does not block its pools' rounds

@@ -15,13 +15,17 @@ cross-pool ``weight_sync`` op of a generation working ahead into two ops, each o
 * ``<sync>.load`` on the rollout pool (:meth:`~.worker.Worker.load_weights`), after the stage: the ObjectRef of
   the staged tensors is the op's argument (a data dependency between the pools; Ray resolves it on the rollout
   worker), and the version travels with it, so every token the rollout samples next records it
-  (:mod:`.policy_version`). The generation's generate ops wait for the load instead of the sync.
+  (:mod:`.policy_version`). The generation's generate ops no longer wait for a sync to finish: they are sent
+  right behind the load, on the same pool.
 
-**Order on the rollout pool.** Each generation stream working ahead keeps the order of the one before it
-(:attr:`.interpreter.Stream.after`): none of its ops on a pool is sent while the previous generation still has ops
-pending or in flight there. So the load of version ``v`` runs only after the previous generation has ended, and the
-generation after it only after the load, whatever order the workers finish in: generation ``j`` is sampled by
-version ``j - k`` exactly.
+**Order on the rollout pool.** A worker runs the ops sent to it in the order they were sent — the per-pool order
+the interpreter keeps everywhere (a weight sync queued ahead of an update, generations queued behind each other).
+Each generation stream working ahead keeps the order of the one before it (:attr:`.interpreter.Stream.after`):
+none of its ops on a pool is sent while the previous generation still has ops to send there. So the rollout
+worker's queue reads: the previous generation, the load of version ``v``, the generation that needs ``v``; it runs
+them back to back without waiting for the controller, and generation ``j`` is sampled by version ``j - k``
+exactly. Another plan that uses the rollout pool (validation, checkpoint) first drives the generations ahead to
+their end where some of their ops are still unsent (:meth:`.interpreter.PlanExecutor.run_plan`).
 
 **What it buys.** :func:`.overlap.run_overlapped` no longer drives every buffered generation to its end before
 each step: it waits only for the rollout the step trains on, and the rollout pool works through up to k
@@ -83,7 +87,8 @@ def plan_op_name(name: str, plan_ops: set[str] | frozenset[str]) -> str:
 
 def stage_syncs(ex: "PlanExecutor", stream: Stream) -> None:
     """Replace each cross-pool weight sync pending in ``stream`` (a generation working ahead) by its stage op on the
-    train pool and its load op on the rollout pool (module docstring); ops that waited on the sync wait on the load."""
+    train pool and its load op on the rollout pool (module docstring); ops that waited on the sync are sent behind
+    the load on its pool instead (their other deps stay)."""
     for sync in [op for op in stream.pending if op.kind == "weight_sync" and op.target_pool not in (None, op.pool)]:
         stage = sync.model_copy(update={"name": f"{sync.name}{HALVES[0]}", "target_pool": None})
         load = sync.model_copy(update={"name": f"{sync.name}{HALVES[1]}", "pool": sync.target_pool, "target_pool": None,
@@ -93,7 +98,7 @@ def stage_syncs(ex: "PlanExecutor", stream: Stream) -> None:
             if op is sync:
                 pending += [stage, load]
             elif sync.name in op.deps:
-                pending.append(op.model_copy(update={"deps": tuple(load.name if d == sync.name else d for d in op.deps)}))
+                pending.append(op.model_copy(update={"deps": tuple(d for d in op.deps if d != sync.name)}))
             else:
                 pending.append(op)
         stream.pending = pending
