@@ -121,7 +121,7 @@ class _StagedSync:
         return InFlight(op, slots, refs, self._staged, "weight_sync")
 
     def _staged(self, results: Sequence[Any]) -> None:
-        self.staged = results[0]  # pool rank 0's; the other ranks only gathered
+        self.staged = next(r for r in results if r is not None)  # pool rank 0's; the other ranks only gathered
 
     def load(self, ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
         if self.staged is None:
