@@ -10,8 +10,8 @@ update of step ``j - k - 1``, so ``R`` may run at most ``k`` rollouts ahead of
 training. Each new version reaches ``R`` by a weight sync of ``sync_s`` seconds,
 in one of two ways (``sync=``):
 
-- ``"collective"`` — how the runtime syncs today (runtime/overlap.py): one
-  collective of both pools, queued on ``P`` right after the update that made
+- ``"collective"`` — the runtime's default (``async_weight_sync: collective``,
+  runtime/overlap.py): one collective of both pools, queued on ``P`` right after the update that made
   the version and on ``R`` right before the generation that needs it. It starts
   when both have reached it and holds both pools for ``sync_s``. With
   ``k >= 2`` the trainer therefore waits, after every update, for ``R`` to
@@ -22,7 +22,9 @@ in one of two ways (``sync=``):
 - ``"staged"`` — the update leaves its weights in a staging buffer (e.g. host
   memory) at no cost to ``P`` (an assumption: the copy overlaps the next
   step), and ``R`` spends ``sync_s`` loading the newest version it needs just
-  before the generation that needs it. ``P`` never waits for ``R`` except for
+  before the generation that needs it. The runtime's ``async_weight_sync:
+  staged`` on Ray (runtime/staged_sync.py) does this with the object store as the
+  buffer; its staging is not free to ``P``: a gather and a host copy per update. ``P`` never waits for ``R`` except for
   data: this is the bounded buffer of ``k`` between a producer and a consumer.
 
 **Constant times** (``G_j = g``, ``T_j = t``, ``s = sync_s``), steady state:
@@ -198,7 +200,8 @@ def predict_async(gen_s: float | None, train_s: float, k: int, *, sync_s: float 
       the training pools); ``sync_s``: one weight sync from the training to the rollout pool.
     - Generation times that vary: ``gen_cv`` (coefficient of variation; gamma-distributed, drawn with ``seed``) or
       ``gen_samples``, per-step seconds used in turn (then give ``gen_s=None``).
-    - ``sync``: ``collective`` (today's runtime) or ``staged`` (a staging buffer: the bounded-buffer pipeline).
+    - ``sync``: ``collective`` or ``staged`` (a staging buffer: the bounded-buffer pipeline); the runtime does either
+      (config ``async_weight_sync``).
 
     Constant times give :func:`constant_step_s` exactly; otherwise the mean step of :func:`simulate_async`
     over ``steps`` steps after a warm-up fifth. For a benchmark: ``samples_per_s(samples, predict_async(...))``.

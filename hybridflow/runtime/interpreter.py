@@ -68,7 +68,7 @@ from .streaming import start_streamed
 from .topology import Slot, Topology, sync_group, topology
 from .watchdog import Watchdog
 
-__all__ = ["IterationResult", "IterationState", "Stream", "InFlight", "OP_SUBMITTERS", "PlanExecutor"]
+__all__ = ["IterationResult", "IterationState", "Stream", "InFlight", "OP_SUBMITTERS", "PlanExecutor", "sync_metrics"]
 
 
 @dataclass
@@ -143,7 +143,14 @@ class Stream:
     """The graph's dynamic-sampling region, when it has one."""
     submitters: dict[str, Callable[["PlanExecutor", PlanOp, IterationState], "InFlight"]] = field(default_factory=dict)
     """Op name -> how this stream sends that op, in place of :data:`OP_SUBMITTERS` (partial rollouts send a
-    generation in segments: :mod:`.partial`)."""
+    generation in segments: :mod:`.partial`; a staged weight sync its two halves: :mod:`.staged_sync`)."""
+    after: "Stream | None" = None
+    """A stream whose pool order this one keeps: none of this stream's ops on a pool is sent while ``after`` still
+    has ops to send to that pool (generations working ahead with a staged weight sync, :mod:`.staged_sync`)."""
+
+    def unsent_pools(self) -> set[str]:
+        """The pools this stream still has ops to send to."""
+        return {pool for op in self.pending for pool in (op.pool, op.target_pool) if pool is not None}
 
     @property
     def finished(self) -> bool:
@@ -166,7 +173,8 @@ def _node(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
     return InFlight(op, slots, refs, finish, node.kind)
 
 
-def _sync_metrics(state: IterationState, role: str, stats: Sequence[Any]) -> None:
+def sync_metrics(state: IterationState, role: str, stats: Sequence[Any]) -> None:
+    """``weight_sync/<role>/...`` metrics of a sync's slots' :class:`~.weight_sync.SyncStats` into ``state``."""
     moved = max(stats, key=lambda s: s.bytes)
     metrics = moved.metrics(role)
     metrics[f"weight_sync/{role}/peak_mb"] = max(s.peak_bytes for s in stats) / 2**20
@@ -183,7 +191,7 @@ def _weight_sync(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFli
     else:
         slots = ex.topology.pool_slots(op.pool)
         refs = [ex.send(s, "sync_weights", op.role) for s in slots]
-    return InFlight(op, slots, refs, lambda results: _sync_metrics(state, op.role, results), "weight_sync")
+    return InFlight(op, slots, refs, lambda results: sync_metrics(state, op.role, results), "weight_sync")
 
 
 def _move(kind: str):
@@ -249,6 +257,19 @@ class PlanExecutor(ABC):
         self.partial_rollouts = None
         """Staleness >= 1: what happens to a generation in flight at a weight update (:class:`.partial.PartialRollouts`;
         None: it finishes with the weights it started with)."""
+        self.weight_sync = "collective"
+        """Staleness >= 1: how a new policy version reaches the rollout pool, 'collective' or 'staged'
+        (:meth:`set_weight_sync`, :mod:`.staged_sync`)."""
+
+    def set_weight_sync(self, mode: str) -> None:
+        """Bring new policy versions to a rollout pool of its own by ``mode``: 'collective' (one collective of both
+        pools) or 'staged' (a staging buffer, :mod:`.staged_sync`); ConfigError where this plan or executor cannot."""
+        from .staged_sync import check_weight_sync
+
+        setting = self.partial_rollouts.mode if self.partial_rollouts is not None else "finish"
+        check_weight_sync(mode, staleness=self.plan.staleness, executor="ray" if self.overlaps else "local",
+                          partial_rollouts=setting)
+        self.weight_sync = mode
 
     # -- the transport (every backend implements it; module docstring) ---------------------------
     @abstractmethod
@@ -349,6 +370,7 @@ class PlanExecutor(ABC):
         if foreign:
             raise PlanError(f"plan {plan.graph.name!r} uses pools {foreign} that this executor does not run "
                             f"(its pools: {', '.join(mine)}); derive it from the executor's plan")
+        self._finish_ahead({pool for op in plan.ops for pool in (op.pool, op.target_pool) if pool is not None})
         saved_graph, saved_recorder = self.graph, self.recorder
         self.graph = plan.graph
         self.recorder = SpanRecorder()
@@ -363,6 +385,16 @@ class PlanExecutor(ABC):
             self.graph, self.recorder = saved_graph, saved_recorder
         return IterationResult(env=stream.state.env, metrics=stream.state.metrics, results=stream.state.results)
 
+    def _finish_ahead(self, pools: set[str]) -> None:
+        """Staged weight sync: drive the generations working ahead to their end before another plan's ops go to
+        their ``pools`` while any of them still has ops to send there. A generation's load waits for its stage
+        (:mod:`.staged_sync`), so an op of another plan — the validation plan's weight sync — could otherwise be sent
+        between the loads and generate ops of the generations ahead. The collective sync sends a generation whole."""
+        if self.weight_sync != "staged" or not any(s.unsent_pools() & pools for s in self.ahead):
+            return
+        for stream in self.ahead:
+            self.drive(list(self.ahead), stream)
+
     def _check_inputs(self, inputs: Mapping[str, Batch]) -> None:
         expected = {i.name for i in self.graph.inputs}
         if set(inputs) != expected:
@@ -374,17 +406,19 @@ class PlanExecutor(ABC):
         self.events += 1
         return self.events
 
-    def drive(self, streams: list[Stream], target: Stream, *, settle: Sequence[Stream] = ()) -> None:
+    def drive(self, streams: list[Stream], target: Stream, *, settle: Sequence[Stream] = (),
+              send: Sequence[Stream] = ()) -> None:
         """Send and collect the ops of ``streams`` until ``target`` has run all its ops (others may stay in flight).
 
         Streams in ``settle`` are driven until none of their transitions (weight sync, offload, onload) is in
         flight, and whatever they can send then is sent before this returns: a generation working ahead is
-        left running, not waiting to be sent by a later call.
+        left running, not waiting to be sent by a later call. Streams in ``send`` are not waited for, but what
+        they can send when ``target`` is done is sent before this returns.
         """
         with self.watchdog.watch(self, streams) if self.watchdog else contextlib.nullcontext():
-            self._drive(streams, target, settle)
+            self._drive(streams, target, settle, send)
 
-    def _drive(self, streams: list[Stream], target: Stream, settle: Sequence[Stream]) -> None:
+    def _drive(self, streams: list[Stream], target: Stream, settle: Sequence[Stream], send: Sequence[Stream]) -> None:
         def moving(stream: Stream) -> bool:
             return any(f.kind != "node" for f in stream.inflight.values())
 
@@ -408,14 +442,14 @@ class PlanExecutor(ABC):
                     stream.done.add(flight.op.name)
                     if self.watchdog:
                         self.watchdog.op_done(flight.op.name, flight.op.pool, stream.iteration)
-        for stream in settle:
+        for stream in [*settle, *send]:
             self._send_ready(stream)
 
     def _send_ready(self, stream: Stream) -> None:
         """Send (or, for controller ops, run) every op whose deps are done, keeping each pool's plan order."""
         progress = True
         while progress:
-            progress, blocked = False, set()
+            progress, blocked = False, stream.after.unsent_pools() if stream.after is not None else set()
             for op in list(stream.pending):
                 if stream.resample is not None and stream.resample.holds(op):
                     continue  # after the dynamic-sampling region; it does not block its pools' rounds

@@ -13,6 +13,10 @@ Two transitions (DESIGN.md, reshard pass; HybridFlow §5):
   broadcasts it over a process group that spans it and every rollout worker,
   which unflatten it into their rollout engines. Nothing passes through the
   controller or the object store.
+* **staged** (:class:`StagedWeights`, :mod:`.staged_sync`): generation has its own pool and runs up to
+  ``staleness`` steps ahead. The train pool leaves each new version's full tensors in a staging buffer (host
+  memory; on Ray the object store) without the rollout pool, which loads them (:func:`stream_into`) just
+  before the generation that needs them: no collective of both pools.
 
 Buckets (:func:`bucket_plan`) are runs of consecutive tensors of one dtype
 whose sizes add up to at most ``bucket_bytes`` (a larger tensor is a bucket of
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -33,7 +37,7 @@ import torch.distributed as dist
 from ..capabilities import WEIGHT_SYNC_BUCKET_BYTES
 from ..errors import ExecutionError
 
-__all__ = ["TensorSpec", "SyncStats", "DEFAULT_BUCKET_BYTES", "bucket_plan", "tensor_specs", "stream_into",
+__all__ = ["TensorSpec", "SyncStats", "StagedWeights", "DEFAULT_BUCKET_BYTES", "bucket_plan", "tensor_specs", "stream_into",
            "broadcast_send", "broadcast_receive"]
 
 DEFAULT_BUCKET_BYTES = WEIGHT_SYNC_BUCKET_BYTES
@@ -70,6 +74,18 @@ class SyncStats:
         """``weight_sync/<role>/...`` metrics: megabytes moved, buckets, peak megabytes held."""
         return {f"weight_sync/{role}/mb": self.bytes / 2**20, f"weight_sync/{role}/buckets": float(self.buckets),
                 f"weight_sync/{role}/peak_mb": self.peak_bytes / 2**20}
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    """One policy version left in the staging buffer by the train pool's rank 0 (a staged sync, :mod:`.staged_sync`)."""
+
+    weights: Any
+    """What the rollout workers load: the (name, host tensor) list, or on Ray the ObjectRef of it in the object store."""
+    version: int
+    """The policy version of the weights (the train engine's training steps when it staged them)."""
+    stats: SyncStats
+    """What the staging gathered and copied."""
 
 
 def tensor_specs(state: dict[str, torch.Tensor]) -> list[TensorSpec]:

@@ -8,7 +8,8 @@ torch.fx's ``Interpreter.run_node`` does: ``getattr(self, kind)(*args)``, timed.
   :meth:`~Worker.values`, :meth:`~Worker.score`, :meth:`~Worker.update` (``(role, batch, *args)``:
   this slot's data-parallel slice of the node's batch);
 * transitions — :meth:`~Worker.sync_weights` (hybrid engine), :meth:`~Worker.send_weights` /
-  :meth:`~Worker.receive_weights` (the two sides of a cross-pool sync), :meth:`~Worker.offload`,
+  :meth:`~Worker.receive_weights` (the two sides of a cross-pool sync), :meth:`~Worker.stage_weights` /
+  :meth:`~Worker.load_weights` (the two halves of a staged one, :mod:`.staged_sync`), :meth:`~Worker.offload`,
   :meth:`~Worker.onload` (``(role, items)``);
 * control kinds (:data:`hybridflow.compiler.plan.CONTROL_KINDS`, ``(role, items, argument)``, the
   argument given when the plan is run) — :meth:`~Worker.save_state`, :meth:`~Worker.load_state`,
@@ -53,7 +54,7 @@ from .slot_engines import build_slot_engines
 from .topology import Slot, pool_group
 from .watchdog import thread_stacks
 from .policy_version import VERSION_SUFFIX, policy_version, set_weight_version, with_policy_version
-from .weight_sync import DEFAULT_BUCKET_BYTES, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
+from .weight_sync import DEFAULT_BUCKET_BYTES, StagedWeights, SyncStats, broadcast_receive, broadcast_send, stream_into, tensor_specs
 
 __all__ = ["Worker", "SEED_STRIDE"]
 
@@ -310,6 +311,42 @@ class Worker:
         version = torch.zeros(1, dtype=torch.int64, device=self.group_devices[group])
         dist.broadcast(version, src=src, group=self.groups[group])
         set_weight_version(rollout, int(version.item()))
+        return stats
+
+    def stage_weights(self, role: str) -> StagedWeights | None:
+        """Train pool side of a staged sync (:mod:`.staged_sync`): every rank gathers the full tensors (the gathers
+        are collective); pool rank 0 copies them to host memory and leaves them in the staging buffer
+        (:meth:`stash`). Rank 0 returns what the rollout pool loads; the other ranks None. No rollout worker takes part."""
+        start = time.time()
+        train = self.engines_for(role, "train").train
+        if self.slot.rank:
+            for _ in train.named_weights():
+                pass
+            return None
+        named = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in train.named_weights()]
+        moved = sum(t.numel() * t.element_size() for _, t in named)
+        stats = SyncStats(len(named), moved, 1, moved, time.time() - start)
+        return StagedWeights(weights=self.stash(named), version=policy_version(train), stats=stats)
+
+    def stash(self, named: list[tuple[str, torch.Tensor]]) -> Any:
+        """Leave ``named`` (host tensors) in the staging buffer and return what :meth:`load_weights` is given for it:
+        the list itself here (one process); the Ray worker puts it in the object store and returns the ObjectRef,
+        which Ray resolves into the list on the rollout worker that loads it."""
+        return named
+
+    def load_weights(self, role: str, named: Sequence[tuple[str, torch.Tensor]], version: int) -> SyncStats:
+        """Rollout pool side of a staged sync: load the staged tensors of policy ``version`` into the rollout engine
+        bucket by bucket and record the version (each token it samples next carries it)."""
+        rollout = self.engines_for(role, "rollout").rollout
+        own = rollout.weight_shapes()
+        for name, tensor in named:
+            target = own.get(name)
+            if target is None or tuple(target) != tuple(tensor.shape):
+                found = "missing" if target is None else f"shape {tuple(target)}"
+                raise ExecutionError(f"staged weight sync: the trainer staged {name!r} {tuple(tensor.shape)} but the "
+                                     f"rollout model has it {found}; both pools must load the same architecture")
+        stats = stream_into(rollout, named, bucket_bytes=self.bucket_bytes)
+        set_weight_version(rollout, version)
         return stats
 
     def offload(self, role: str, items: Sequence[str]) -> None:

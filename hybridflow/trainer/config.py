@@ -183,6 +183,7 @@ class PPOConfig(BaseModel):
     staleness: int = Field(0, ge=0, description="0: on-policy. k >= 1: generation runs up to k steps ahead of training on a rollout pool of its own (executor='ray'): a bounded buffer of at most k rollouts, the one trained at step i sampled by weights k updates old (fewer for the first k steps); each token records the version that sampled it (rollout field policy_version; metrics rollout/staleness, rollout/staleness_max). A policy-gradient loss then needs an off-policy correction; compiling one without fails with StalenessError. Recommended for GRPO: recompute_old_log_probs=false, whose PPO ratio against the rollout's own log-probs clips the whole lag (0.9 greedy accuracy on 5 of 5 seeds on the arithmetic task at k = 2, and at k = 4 with a 2,000-step LR schedule; docs/concepts.md); algorithm grpo_is (truncated_is_weight + ppo_clip_is) and grpo_decoupled are the others. A checkpoint saves the loader's position before the prompts drawn ahead: a resume generates them again with the restored weights.")
     stream_rollouts: bool = Field(False, description="Stream the rollout: each prompt group goes on to scoring, log-probs and group advantages as soon as its n responses have ended, and the pieces are joined in prompt order before the first batch-wise op or update (the same numbers as without streaming). Pays off when response lengths vary widely and those ops run on pools of their own (executor='ray'); hf rollout engine, single-turn rollouts.")
     partial_rollouts: Literal["finish", "continue"] = Field("finish", description="staleness >= 1: what a generation running ahead does when the step training beside it updates the policy. finish: it runs whole with the weights it started with. continue: it runs in segments of partial_segment_tokens tokens, and at the first segment boundary after the update the new weights are synced to the rollout pool and the unfinished responses go on under them, keeping their tokens and log-probs (AReaL's interruptible generation, verl's partial rollout). Each token's weights are recorded in the rollout's policy_version field. Single-turn generate nodes; on hf a continuation with unchanged weights goes on from its kept KV cache (cutting changes nothing), on vllm each unfinished response is resubmitted with its kept tokens.")
+    async_weight_sync: Literal["collective", "staged"] = Field("collective", description="staleness >= 1: how each new policy version reaches the rollout pool (the same field feeds the compiler's CostOptions.async_weight_sync, so the plan's predicted step and the placement search assume what the run does). collective: one weight-sync collective of both pools after each update, so the trainer waits for the generation in progress and the pools move in lock step (k >= 2 is no faster than k = 1). staged: the train pool leaves each version's full weights in a staging buffer (host memory; on Ray the object store) and the rollout pool loads the version it needs just before the generation that needs it, so it runs up to k generations ahead while the trainer trains, bounded by data only; costs the train pool a gather and a host copy per update. staged needs staleness >= 1, executor='ray' and partial_rollouts=finish (hybridflow.runtime.staged_sync).")
     partial_segment_tokens: int = Field(8, ge=1, description="partial_rollouts=continue: positions decoded per segment; the policy's new weights are taken up at the first boundary after an update (smaller: sooner, at one more generate op per segment).")
     allow_uncorrected_staleness: bool = Field(False, description="staleness > 0: compile and run an algorithm whose policy-gradient loss has no off-policy correction anyway (a warning; the gradient is biased by the k-updates-old rollout). For runs about scheduling, not learning.")
     plan: str | None = Field(None, description="A plan file to run exactly, instead of compiling one: from 'hybridflow compile CONFIG.yaml [key=value ...] --cluster local -o PLAN.json' (the plan this config compiles) or a run's plan.json; its graph must be the one this config builds, and this machine must have its devices.")
@@ -298,6 +299,17 @@ class PPOConfig(BaseModel):
         if self.partial_rollouts == "continue" and self.staleness == 0:
             raise ValueError("partial_rollouts=continue cuts a generation that runs ahead of training, which needs "
                              "staleness >= 1 (executor='ray'); set staleness=1, or partial_rollouts=finish")
+        return self
+
+    @model_validator(mode="after")
+    def _weight_sync_applies(self) -> "PPOConfig":
+        from ..runtime.staged_sync import check_weight_sync
+
+        try:
+            check_weight_sync(self.async_weight_sync, staleness=self.staleness, executor=self.executor,
+                              partial_rollouts=self.partial_rollouts)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
         return self
 
     @model_validator(mode="after")

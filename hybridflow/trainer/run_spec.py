@@ -186,7 +186,7 @@ def _cost_options(config: PPOConfig, machine: Machine, responses: int, real_seq_
     fp32 = machine.kind == "cpu"  # TrainEngineConfig.precision 'auto': bf16 autocast on CUDA
     update = {"data_parallel_only": True, "rollout_engine": config.rollout_engine,
               "reuse_rollout_log_probs": fp32 and config.reuse_rollout_log_probs, "real_seq_len": real_seq_len,
-              "env_workers": config.env_workers}
+              "env_workers": config.env_workers, "async_weight_sync": config.async_weight_sync}
     if config.pack_sequences:
         update["shared_prompt_min_saved"] = None
     return options.model_copy(update=update)

@@ -90,9 +90,12 @@ class StepTiming(_Measured):
 
 def op_timings(plan, spans: Iterable[Span]) -> list[OpTiming]:
     """Every op of ``plan`` in plan order with its measured seconds per iteration (module docstring)."""
+    from ..runtime.staged_sync import plan_op_name  # (here: `hybridflow explain` imports this module without torch)
+
     per_iteration: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for span in spans:
-        per_iteration[span.op][span.iteration] += span.end - span.start
+    names = frozenset(op.name for op in plan.ops)
+    for span in spans:  # a staged weight sync's two halves count as its plan op
+        per_iteration[plan_op_name(span.op, names)][span.iteration] += span.end - span.start
     rows = []
     for op in plan.ops:
         kind = plan.graph.node(op.node).kind if op.node else op.kind
@@ -107,12 +110,15 @@ def step_timing(plan, spans: Iterable[Span]) -> StepTiming:
     the call waits for. With staleness 1 a call also starts the next step's generation (ops with an
     ``iteration_offset``), which runs on while the next call trains: it opens the step, it does not close it; and a
     call that sent only such ops (the warm-up's, whose own iteration is left out) is no step."""
+    from ..runtime.staged_sync import plan_op_name  # (as in op_timings)
+
     ahead = {op.name for op in plan.ops if op.iteration_offset}
+    names = frozenset(op.name for op in plan.ops)
     bounds: dict[int, list] = {}
     for span in spans:
         bound = bounds.setdefault(_step_key(span), [math.inf, -math.inf])
         bound[0] = min(bound[0], span.start)
-        if span.op not in ahead:
+        if plan_op_name(span.op, names) not in ahead:  # (a staged sync's halves: its plan op's)
             bound[1] = max(bound[1], span.end)
     steps = tuple(k for k in sorted(bounds) if bounds[k][1] > -math.inf)
     return StepTiming(plan.predicted_iteration_s or 0.0, tuple(bounds[k][1] - bounds[k][0] for k in steps), steps)

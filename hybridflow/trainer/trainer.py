@@ -178,6 +178,8 @@ class Trainer:
             from ..runtime.partial import PartialRollouts
 
             self.executor.partial_rollouts = PartialRollouts(cfg.partial_rollouts, cfg.partial_segment_tokens)
+        if self.plan.staleness:
+            self.executor.set_weight_sync(cfg.async_weight_sync)
         self.algorithm_state = AlgorithmState(self.definition.state, self.graph)
         self.loader = PromptLoader(PromptDataset(self.train_rows), cfg.rollout_batch_size, seed=cfg.seed)
         self.prompts = PromptQueue(self.loader, self._prompt_batch)

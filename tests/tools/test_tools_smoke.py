@@ -399,7 +399,8 @@ def test_bench_overlap_default_plans_fit_this_machine():
 
 def test_bench_async_default_plans_fit_this_machine(capsys):
     """The plan of every k of the default form (0, 1, 2, 4) compiles for its model and binds to the Ray CPU slots,
-    generation on a pool of its own working k steps ahead; the report prints a row per k, predicted beside measured."""
+    generation on a pool of its own working k steps ahead; each k >= 1 runs with each weight sync (--sync both), or
+    with the one asked for; the report prints a row per (k, sync), predicted beside measured."""
     bench = tool("bench_async.py")
     args = bench.parse_args([])
     _, batches, plans = bench.workload(args)
@@ -408,13 +409,24 @@ def test_bench_async_default_plans_fit_this_machine(capsys):
         assert plan.staleness == k and plan.machine.startswith("ray: 2 CPU slots")
         assert plan.placement("actor").generation_pool
         assert {op.iteration_offset for op in plan.ops if op.node == "actor.generate"} == {k}
-    # the report of made-up figures: g = t = 1 s, no sync: ideal 2x, predicted 2x for every k >= 1 (collective sync)
-    ratios = bench.report({k: [10.0 * (1 + k)] for k in args.ks}, {k: [1.0 + k] for k in args.ks}, [1.0, 1.0], 1.0, 0.0,
-                          args)
+    pairs = [(0, "collective")] + [(k, sync) for k in (1, 2, 4) for sync in ("collective", "staged")]
+    assert bench.configs(args) == pairs
+    assert bench.configs(bench.parse_args(["--sync", "staged", "--ks", "0", "2"])) == [(0, "collective"), (2, "staged")]
+    # the report of made-up figures: g = t = 1 s, no sync: ideal 2x, predicted 2x for every k >= 1 and either sync
+    ratios = bench.report({c: [10.0 * (1 + c[0])] for c in pairs}, {c: [1.0 + c[0]] for c in pairs}, [1.0, 1.0], 1.0,
+                          0.0, args)
     out = capsys.readouterr().out
-    assert ratios == {0: 1.0, 1: 2.0, 2: 3.0, 4: 5.0} and "= 2.00x" in out
+    assert ratios == {c: 1.0 + c[0] for c in pairs} and "= 2.00x" in out
     rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("0", "1", "2", "4")]
-    assert [row[-1] for row in rows] == ["1.00x", "2.00x", "2.00x", "2.00x"]  # predicted beside measured
+    assert [row[:2] for row in rows] == [[str(k), sync] for k, sync in pairs]
+    assert [row[-1] for row in rows] == ["1.00x"] + ["2.00x"] * 6  # predicted beside measured
+    # generation times that vary (0.2 s and 1.8 s in turn, t = 1 s): the staged sync's prediction rises with k,
+    # the collective one's does not (the pools move in lock step)
+    bench.report({c: [1.0] for c in pairs}, {c: [1.0] for c in pairs}, [0.2, 1.8], 1.0, 0.0, args)
+    rows = {(row[0], row[1]): float(row[-1][:-1]) for row in (line.split() for line in capsys.readouterr().out.splitlines())
+            if len(row) == 6 and row[0] in ("1", "2", "4")}
+    assert rows["1", "collective"] == rows["4", "collective"] < rows["4", "staged"]
+    assert rows["1", "staged"] < rows["2", "staged"] <= rows["4", "staged"]
 
 
 def test_bench_dispatch_plan_binds():

@@ -209,3 +209,29 @@ def test_partial_rollouts_need_a_generation_ahead():
         PPOConfig(partial_rollouts="continue")
     with pytest.raises(ConfigError, match="partial_segment_tokens"):
         PPOConfig(staleness=1, partial_rollouts="continue", partial_segment_tokens=0)
+
+
+def test_staged_weight_sync_needs_staleness_and_ray():
+    config = PPOConfig(staleness=2, executor="ray", async_weight_sync="staged")
+    assert config.async_weight_sync == "staged" and PPOConfig().async_weight_sync == "collective"
+    with pytest.raises(ConfigError, match="async_weight_sync=staged .* needs staleness >= 1"):
+        PPOConfig(executor="ray", async_weight_sync="staged")
+    with pytest.raises(ConfigError, match=r"async_weight_sync=staged needs .*executor='ray'"):
+        PPOConfig(staleness=2, async_weight_sync="staged")
+    with pytest.raises(ConfigError, match="async_weight_sync=staged with partial_rollouts=continue"):
+        PPOConfig(staleness=1, executor="ray", async_weight_sync="staged", partial_rollouts="continue")
+    with pytest.raises(ConfigError, match="async_weight_sync"):
+        PPOConfig(staleness=1, executor="ray", async_weight_sync="eager")
+
+
+def test_the_weight_sync_setting_reaches_the_cost_model(fast_config, tmp_path):
+    # the compiler predicts the step (and the placement search chooses the split) with the sync the run does
+    from hybridflow.algorithms import grpo_is
+    from hybridflow.compiler import local_machine
+    from hybridflow.trainer.run_spec import derive
+    from hybridflow.trainer.setup import run_inputs
+
+    graph = grpo_is.build(n=2)
+    for sync in ("collective", "staged"):
+        config = fast_config(staleness=2, executor="ray", async_weight_sync=sync, calibrate=False)
+        assert derive(config, graph, local_machine(), run_inputs(config, tmp_path)).options.async_weight_sync == sync

@@ -76,7 +76,16 @@ the restart goes ahead about as soon as they are."""
 WATCH_GROUP = "watchdog"
 """The actors' concurrency group of :meth:`Worker.stacks`: its own thread, so a worker busy in an op still answers
 (with a concurrency group, Ray runs every method on a thread of its group's; the default group's is one thread)."""
-_RemoteWorker = ray.remote(concurrency_groups={WATCH_GROUP: 1})(Worker)
+
+
+class _RayWorker(Worker):
+    """The worker of a Ray actor: a staged weight sync's buffer is the object store (:meth:`Worker.stash`)."""
+
+    def stash(self, named):
+        return ray.put(named)
+
+
+_RemoteWorker = ray.remote(concurrency_groups={WATCH_GROUP: 1})(_RayWorker)
 
 
 def group_backend(ranks, topo: Topology, devices: Mapping[str, str]) -> str:
