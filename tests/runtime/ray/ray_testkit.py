@@ -27,6 +27,15 @@ def tiny_model(seed: int = 0, layers: int = 2):
     return make_tiny_model("qwen2", vocab_size=len(TOKENIZER), hidden=32, layers=layers, heads=2, kv_heads=1, seed=seed)
 
 
+def log_probs_under(state: dict, batch) -> torch.Tensor:
+    """The log-probs of ``batch``'s responses under the tiny model with weights ``state`` (fp32, this process)."""
+    from hybridflow.runtime.engines import TrainEngine
+
+    engine = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32"))
+    engine.module.load_state_dict(state)
+    return engine.compute_log_probs(batch)
+
+
 def tiny_critic(seed: int = 1) -> ValueModel:
     state = torch.get_rng_state()
     torch.manual_seed(seed)  # the value head is drawn from the global RNG: fix it so every process builds the same

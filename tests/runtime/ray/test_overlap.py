@@ -12,18 +12,12 @@ import os
 
 import pytest
 import torch
-from ray_testkit import compiled_plan, grpo_tis, prompts, role_specs, tiny_model, train_state
+from ray_testkit import compiled_plan, grpo_tis, log_probs_under, prompts, role_specs, train_state
 
-from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
 from hybridflow.runtime.ray import RayExecutor
 
 CAP = 2.0
 
-
-def _log_probs_under(state: dict, batch) -> torch.Tensor:
-    engine = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32"))
-    engine.module.load_state_dict(state)
-    return engine.compute_log_probs(batch)
 
 
 @pytest.mark.e2e
@@ -48,8 +42,8 @@ def test_next_generation_overlaps_this_step_with_the_previous_weights(ray_cluste
         rollout, mask = result.env["actor.generate"], result.env["actor.generate"]["response_mask"]
         old = result.env["actor.logprob"]["old_log_probs"]
         sampled_with = weights[max(i - 1, 0)]  # step 0: on-policy; step i: the weights step i-1 started from
-        assert ((_log_probs_under(sampled_with, rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
-        assert ((_log_probs_under(weights[i], rollout) - old) * mask).abs().max() < 1e-5
+        assert ((log_probs_under(sampled_with, rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
+        assert ((log_probs_under(weights[i], rollout) - old) * mask).abs().max() < 1e-5
         gap = ((old - rollout["rollout_log_probs"]) * mask).abs().max()
         assert (gap < 1e-5) if i == 0 else (gap > 1e-4)
         expected_weights = torch.clamp(torch.exp(old - rollout["rollout_log_probs"]), max=CAP) * mask
@@ -99,7 +93,7 @@ def test_staleness_k_trains_on_rollouts_exactly_as_old_as_the_compiled_lags(ray_
         assert i - versions[0] == (lags["actor.update"] if i >= k else i), (i, versions)
         # the version is the weights': the rollout's log-probs are those weights' log-probs
         mask = rollout["response_mask"]
-        assert ((_log_probs_under(weights[versions[0]], rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
+        assert ((log_probs_under(weights[versions[0]], rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
     # one weight sync per generation once the buffer is full (call i sends step i+k's), queued ahead of step i's update
     for i in range(1, steps - k):
         sync = [s for s in spans if s.op == "actor.weight_sync" and s.iteration == i + k and s.device == "pool0"]

@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ray_testkit import compiled_plan, grpo_tis, prompts, role_specs, tiny_model, train_state
+from ray_testkit import compiled_plan, grpo_tis, log_probs_under, prompts, role_specs, train_state
 
 from hybridflow.compiler.validation import validation_plan
 from hybridflow.graph.staleness import edge_lags
-from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
 from hybridflow.runtime.ray import RayExecutor
 
-
-def _log_probs_under(state: dict, batch) -> torch.Tensor:
-    engine = TrainEngine(tiny_model(), TrainEngineConfig(precision="fp32"))
-    engine.module.load_state_dict(state)
-    return engine.compute_log_probs(batch)
 
 
 @pytest.mark.e2e
@@ -55,10 +49,10 @@ def test_staged_sync_samples_each_rollout_with_the_compiled_lags_version(ray_clu
         versions = rollout["policy_version"].unique().tolist()
         assert versions == [max(i - lag, 0)], (i, versions)  # step i < k: the first weights (the buffer filling)
         mask = rollout["response_mask"]
-        assert ((_log_probs_under(weights[versions[0]], rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
+        assert ((log_probs_under(weights[versions[0]], rollout) - rollout["rollout_log_probs"]) * mask).abs().max() < 1e-5
         if i >= 1:  # not the weights of any other version
             other = weights[versions[0] + 1]
-            assert ((_log_probs_under(other, rollout) - rollout["rollout_log_probs"]) * mask).abs().max() > 1e-4
+            assert ((log_probs_under(other, rollout) - rollout["rollout_log_probs"]) * mask).abs().max() > 1e-4
     # the sync's halves: the stage on the train pool (pool0) alone, queued ahead of the update of the step it is sent
     # beside (call i stages version i for step i+k), the load on the rollout pool (pool1) alone
     by_op = {}
