@@ -83,7 +83,7 @@ def test_on_hang_wait_reports_each_stall_once(tmp_path):
         for count, gate in enumerate(gates, start=1):
             while len(watchdog.reports) < count:
                 threading.Event().wait(0.05)
-            threading.Event().wait(7.0)  # the stall goes on past another timeout: it is not reported again
+            threading.Event().wait(3.5)  # the stall goes on past another timeout (4+ ticks): it is not reported again
             gate.set()
 
     GATES[:] = list(gates)

@@ -39,10 +39,19 @@ def _train(config: PPOConfig) -> tuple[PPOTrainer, list[dict]]:
             trainer.executor.shutdown()
 
 
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> tuple:
+    """(model folder, metrics) of the local run of :func:`_config`: the reference of two tests (the module runs on one
+    xdist worker, so it is trained once)."""
+    folder = tmp_path_factory.mktemp("local_reference")
+    model_dir = create_tiny_model_dir(folder / "tiny", seed=0)
+    _, metrics = _train(_config(model_dir, folder / "local"))
+    return model_dir, metrics
+
+
 @pytest.mark.e2e
-def test_ray_trainer_matches_local_and_resumes(ray_cluster, tmp_path):
-    model_dir = create_tiny_model_dir(tmp_path / "tiny", seed=0)
-    _, local = _train(_config(model_dir, tmp_path / "local"))
+def test_ray_trainer_matches_local_and_resumes(ray_cluster, local_run, tmp_path):
+    model_dir, local = local_run
     ray_trainer, first = _train(_config(model_dir, tmp_path / "ray", executor="ray", max_steps=2))
     assert ray_trainer.last_checkpoint.name == "step_00000002"
     assert "timing_s/update_weights" in first[0] and "timing_s/gen" in first[0]
@@ -124,9 +133,8 @@ class KillAfterLog:
 
 
 @pytest.mark.e2e
-def test_a_worker_lost_at_a_checkpoint_write_restarts_from_the_checkpoint_before(ray_cluster, tmp_path):
-    model_dir = create_tiny_model_dir(tmp_path / "tiny", seed=0)
-    _, expected = _train(_config(model_dir, tmp_path / "local"))
+def test_a_worker_lost_at_a_checkpoint_write_restarts_from_the_checkpoint_before(ray_cluster, local_run, tmp_path):
+    model_dir, expected = local_run
     metrics = tmp_path / "ray" / "metrics.jsonl"
     killer = KillAfterLog(step=2, pool="pool0")
     trainer = PPOTrainer(config=_config(model_dir, tmp_path / "ray", executor="ray", max_restarts=1),
