@@ -186,6 +186,22 @@ def train_state(executor, role: str) -> dict:
     return executor.run_plan(plan).results[f"{role}.export"][0]["train_state"]
 
 
+def run_ahead(executor, batches: list, k: int, role: str = "actor", after_step=None) -> tuple[list, list]:
+    """Run ``batches`` as steps with generation up to ``k`` steps ahead (each step gets the next ``k`` batches as
+    ``next_inputs``), checking the buffer's bound after every step. ``after_step(i)``, if given, runs after step ``i``
+    (before its weights are read). Returns ``(weights, results)``: ``weights[v]`` is ``role``'s model at version
+    ``v`` (before step ``v``'s update), ``results[i]`` step ``i``'s result."""
+    weights, results = [train_state(executor, role)["model"]], []
+    for i in range(len(batches)):
+        following = batches[i + 1:min(i + 1 + k, len(batches))]
+        results.append(executor.run_iteration(batches[i], next_inputs=following))
+        assert len(executor.ahead) == len(following) <= k  # the bounded buffer
+        if after_step is not None:
+            after_step(i)
+        weights.append(train_state(executor, role)["model"])
+    return weights, results
+
+
 def on_pool(executor, pool: str, kind: str, role: str, batch, *args):
     """The node method ``kind`` of ``role`` on every slot of ``pool``, through the executor's transport, the batch
     split over the pool's data-parallel ranks and the results merged (as the interpreter sends a node op)."""

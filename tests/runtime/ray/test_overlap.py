@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from ray_testkit import compiled_plan, grpo_tis, log_probs_under, prompts, role_specs, train_state
+from ray_testkit import compiled_plan, grpo_tis, log_probs_under, prompts, role_specs, run_ahead, train_state
 
 from hybridflow.runtime.ray import RayExecutor
 
@@ -78,13 +78,7 @@ def test_staleness_k_trains_on_rollouts_exactly_as_old_as_the_compiled_lags(ray_
     assert lags["actor.update"] == k and offsets["actor.generate"] == k
     batches = [{"prompts": prompts(i)} for i in range(steps)]
     with RayExecutor(plan, role_specs(graph, lr=5e-2)) as executor:
-        weights = [train_state(executor, "actor")["model"]]  # weights[v]: version v (before step v's update)
-        results = []
-        for i in range(steps):
-            following = batches[i + 1:min(i + 1 + k, steps)]
-            results.append(executor.run_iteration(batches[i], next_inputs=following))
-            assert len(executor.ahead) == len(following) <= k  # the bounded buffer
-            weights.append(train_state(executor, "actor")["model"])
+        weights, results = run_ahead(executor, batches, k)  # weights[v]: version v (before step v's update)
         spans = executor.trace_spans()
     for i, result in enumerate(results):
         rollout = result.env["actor.generate"]

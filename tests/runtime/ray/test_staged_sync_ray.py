@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ray_testkit import compiled_plan, grpo_tis, log_probs_under, prompts, role_specs, train_state
+from ray_testkit import compiled_plan, grpo_tis, log_probs_under, prompts, role_specs, run_ahead
 
 from hybridflow.compiler.validation import validation_plan
 from hybridflow.graph.staleness import edge_lags
@@ -31,17 +31,14 @@ def test_staged_sync_samples_each_rollout_with_the_compiled_lags_version(ray_clu
     batches = [{"prompts": prompts(i)} for i in range(steps)]
     with RayExecutor(plan, role_specs(graph, lr=5e-2)) as executor:
         executor.set_weight_sync("staged")
-        weights = [train_state(executor, "actor")["model"]]  # weights[v]: version v (before step v's update)
-        results = []
-        for i in range(steps):
-            following = batches[i + 1:min(i + 1 + k, steps)]
-            results.append(executor.run_iteration(batches[i], next_inputs=following))
-            assert len(executor.ahead) == len(following) <= k  # the bounded buffer
+
+        def validate_after_step_1(i):
             if i == 1:  # a validation between steps syncs the newest weights (version 2) to the rollout pool, after
                 # the buffer's generations (step 3's: its load of version 1 is sent, its generate op may not be yet)
                 validated = executor.run_plan(validation_plan(plan, samples=1), {"prompts": prompts(9)})
                 assert validated.env["actor.generate"]["policy_version"].unique().tolist() == [i + 1]
-            weights.append(train_state(executor, "actor")["model"])
+
+        weights, results = run_ahead(executor, batches, k, after_step=validate_after_step_1)
         spans = list(executor.recorder.spans)  # the iterations' ops, one span per pool (the validation's are apart)
     assert all(any(not torch.equal(a[n], b[n]) for n in a) for a, b in zip(weights, weights[1:]))  # real updates
     for i, result in enumerate(results):
