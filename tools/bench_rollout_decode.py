@@ -59,14 +59,16 @@ def setup(args):
 def load_lean_version(path: str):
     """``lean_stepper`` of a copy of lean_decode.py at ``path`` (imported as a sibling module, for its relative imports)."""
     import importlib.util
+    import inspect
 
     spec = importlib.util.spec_from_file_location("hybridflow.runtime.engines._lean_against", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     factory = module.lean_stepper
+    accepted = len(inspect.signature(factory).parameters)  # an older version may take fewer arguments
 
-    def make(*args, **kwargs):  # a version older than LeanStepper.row_steps: count the rows fed here
-        stepper = factory(*args, **kwargs)
+    def make(*args):  # a version older than LeanStepper.row_steps: count the rows fed here
+        stepper = factory(*args[:accepted])
         if stepper is not None and not hasattr(stepper, "row_steps"):
             stepper.row_steps, step = 0, stepper.step
 
