@@ -234,13 +234,13 @@ def _decode(model, ids, mask, params, seed=0, eos=(EOS,), **kwargs):
 def test_rows_that_stop_at_different_steps_decode_as_each_row_alone():
     """Greedy: each row of a batch whose rows end at different steps gets the tokens it gets decoded alone.
 
-    This model's greedy answers cycle through a few tokens, so token 21 as the stop token ends the rows
-    after 1 to 6 tokens and one row never (it runs to the limit): the batch is compacted more than once,
-    down to :data:`MIN_ROWS` rows. Alone, a row is a batch of one (another matmul kernel in the
+    This model's greedy answers cycle through a few tokens, so token 21 as the stop token ends nine of
+    the twelve rows after 1, 2, 3 or 6 tokens and three never (they run to the limit): the batch is
+    compacted more than once, down to :data:`ROW_BLOCK` rows (three going, one ended filling up). Alone, a row is a batch of one (another matmul kernel in the
     last bits): log-probs within float32 tolerance. Against the batch without compaction: to the bit.
     """
     model = _model("qwen2")
-    ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8, 5, 3], seed=5)
+    ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8, 5, 3, 6, 2], seed=5)
     params = SamplingParams(n=1, max_new_tokens=24, greedy=True)
     batch, _ = _decode(model, ids, mask, params, eos=(21,))
     lengths = batch.response_mask.sum(-1)
@@ -280,8 +280,9 @@ def test_dropping_ended_rows_keeps_the_sampled_tokens_log_probs_and_generator_to
 def test_row_steps_count_only_the_rows_still_going_and_a_minimum():
     """``Decoded.row_steps``: without compaction every row at every step after the first (``B x (steps - 1)``);
     with it fewer, yet at least every row's own steps (a row of ``L`` tokens is fed ``L - 1`` of them)
-    and at least :data:`MIN_ROWS` rows a step; a batch of at most MIN_ROWS rows is never compacted."""
-    from hybridflow.runtime.engines.lean_decode import MIN_ROWS
+    and at least :data:`ROW_BLOCK` rows a step. Never compacted: a batch of ROW_BLOCK rows, and one of
+    10 (not a multiple of ROW_BLOCK, under 12: its matmuls may round otherwise than a compacted one's)."""
+    from hybridflow.runtime.engines.lean_decode import ROW_BLOCK
 
     model = _model("qwen2")
     ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8], seed=5)
@@ -292,10 +293,12 @@ def test_row_steps_count_only_the_rows_still_going_and_a_minimum():
     assert full.row_steps == rows * fed
     lengths = lean.response_mask.sum(-1).long()
     assert int((lengths - 1).sum()) <= lean.row_steps < rows * fed
-    assert lean.row_steps >= MIN_ROWS * fed
-    small, _ = _decode(model, ids[:2], mask[:2], params, seed=3)
-    assert small.response_mask.sum(-1).min() < small.steps, "the case needs a row that ends before the others"
-    assert small.row_steps == 4 * (small.steps - 1)
+    assert lean.row_steps >= ROW_BLOCK * fed
+    for prompts in (2, 5):
+        small, _ = _decode(model, ids[:prompts], mask[:prompts], params, seed=3)
+        ends = small.response_mask.sum(-1)
+        assert (ends < small.steps / 2).sum() >= prompts, "the case needs half the rows to end early"
+        assert small.row_steps == 2 * prompts * (small.steps - 1)
 
 
 def test_a_cut_compacted_decoding_continues_as_the_uncut_one():
