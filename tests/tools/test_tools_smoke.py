@@ -188,6 +188,13 @@ def test_bench_rollout_decode_compares_both_paths(capsys):
     assert all(result[clock][f"{side}_ms"] > 0 for clock in ("wall", "cpu") for side in ("hf", "lean"))
 
 
+def test_bench_rollout_decode_spread_lengths_count_the_row_steps(capsys):
+    result, _ = run("bench_rollout_decode.py", ["--rounds", "1", "--prompts", "2", "--group", "4", "--new-tokens", "8",
+                                                "--spread", "--json"], capsys)
+    assert result["same_tokens"] and result["spread"] and 0 < result["response_len"] <= 8
+    assert result["lean_row_steps"] <= result["hf_row_steps"] == result["row_steps_all_rows"]
+
+
 def test_bench_overhead_runs_one_pair_of_the_same_steps(capsys):
     results, out = run("bench_overhead.py", ["--pairs", "1", "--warmup", "0", "--skip", "on", "--prompts", "2",
                                              "--group", "2", "--new-tokens", "2", "--json"], capsys)

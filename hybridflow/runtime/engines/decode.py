@@ -13,7 +13,9 @@ prefill) and its KV cache and last logits are then repeated ``n`` times: for
 GRPO-style groups of 8 this divides the prefill cost by 8.
 
 Rows that reach EOS keep being fed the pad token until every row is done or
-``max_new_tokens`` is reached; what they produce is discarded.
+``max_new_tokens`` is reached; what they produce is discarded. (The lean path drops them
+from the batch once enough have ended, :mod:`.lean_decode`; the sampler still draws for
+every row, so the tokens are the same.)
 
 **Segments** (partial rollouts, :mod:`hybridflow.runtime.partial`): ``steps`` decodes at most
 that many positions and ``done`` starts some rows finished, so a generation can be cut and
@@ -77,6 +79,8 @@ class Decoded(NamedTuple):
     """Positions decoded (the loop stops early once every row is done)."""
     carry: Carry | None = None
     """Cut before the end with rows still going: what continues the decoding (``decode(..., carry=)``)."""
+    row_steps: int = 0
+    """Rows fed through the model after the prefill by this call, summed over its steps (at most ``b`` a step)."""
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
@@ -100,8 +104,10 @@ class _HFStepper:
     def __init__(self, model: torch.nn.Module, cache, cache_kw: dict, attention: torch.Tensor, positions: torch.Tensor):
         self.model, self.cache_kw, self.attention = model, cache_kw, attention
         self.next_position = positions[:, -1:] + 1
+        self.row_steps = 0
 
     def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+        self.row_steps += token.shape[0]
         self.attention = torch.cat([self.attention, alive.long()[:, None]], dim=-1)
         logits = self.model(input_ids=token[:, None], attention_mask=self.attention, position_ids=self.next_position,
                             use_cache=True, **self.cache_kw).logits[:, -1]
@@ -110,14 +116,15 @@ class _HFStepper:
 
 
 def prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int,
-             path: str):
+             path: str, compact: bool = True):
     """The prompt's forward once, then what feeds one token at a time to ``n`` copies of each row.
 
-    Returns ``(logits (b * n, V), stepper)``: the lean stepper (:mod:`.lean_decode`) when
-    ``path`` is ``"auto"`` or ``"lean"`` and the model is one it drives, else the transformers one.
+    Returns ``(logits (b * n, V), stepper)``: the lean stepper (:mod:`.lean_decode`; ``compact``:
+    it drops ended rows from the batch) when ``path`` is ``"auto"`` or ``"lean"`` and the model is
+    one it drives, else the transformers one.
     """
     if path != "hf":
-        stepper = lean_stepper(model, prompt_ids, prompt_mask, n, steps - 1)
+        stepper = lean_stepper(model, prompt_ids, prompt_mask, n, steps - 1, compact)
         if stepper is not None:
             return stepper.logits, stepper
         if path == "lean":
@@ -143,7 +150,8 @@ def prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
 def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask: torch.Tensor | None,
            params: SamplingParams, *, eos_token_ids: Sequence[int], pad_token_id: int,
            generator: torch.Generator | None = None, path: str = "auto", steps: int | None = None,
-           done: torch.Tensor | None = None, capacity: int | None = None, carry: Carry | None = None) -> Decoded:
+           done: torch.Tensor | None = None, capacity: int | None = None, carry: Carry | None = None,
+           compact: bool = True) -> Decoded:
     """Generate ``params.n`` responses of up to ``params.max_new_tokens`` tokens after each left-padded prompt.
 
     Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b * n, steps)``
@@ -156,6 +164,9 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask:
     from its :attr:`Decoded.carry` needs room for the rest); ``done`` ``(b * n,)`` bool, rows already
     finished (padding from the start); ``carry``, a cut decoding to go on with (no prefill: the prompts
     are not read), the model's weights unchanged since.
+
+    ``compact=False``: the lean path feeds every row at every step instead of dropping ended rows
+    (the same tokens and log-probs, for comparisons; :mod:`.lean_decode`).
     """
     if path not in PATHS:
         raise ExecutionError(f"decode: path must be one of {PATHS}, got {path!r}")
@@ -163,10 +174,13 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask:
     if steps < 1:
         raise ExecutionError(f"decode: steps must be at least 1, got {steps}")
     if carry is None:
-        logits, stepper = prefill(model, prompt_ids, prompt_mask, params.n, max(steps, capacity or steps), path)
+        logits, stepper = prefill(model, prompt_ids, prompt_mask, params.n, max(steps, capacity or steps), path,
+                                  compact)
         first = 0
     else:
         stepper, first = carry.stepper, carry.t + 1
+    fed = stepper.row_steps  # before this call (a carried stepper's earlier calls)
+    if carry is not None:
         logits = stepper.step(carry.t, carry.token, carry.alive)
     b, device = logits.shape[0], logits.device
     stops = torch.tensor(sorted({*eos_token_ids, pad_token_id}), dtype=torch.long, device=device)
@@ -188,4 +202,5 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask:
             break
         logits = stepper.step(first + i, token, alive)
     going = bool(alive.any())
-    return Decoded(tokens, mask, log_probs, done, i + 1, Carry(stepper, token, alive, first + i) if going else None)
+    carry = Carry(stepper, token, alive, first + i) if going else None
+    return Decoded(tokens, mask, log_probs, done, i + 1, carry, stepper.row_steps - fed)

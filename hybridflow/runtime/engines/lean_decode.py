@@ -24,6 +24,20 @@ same arithmetic on the model's own weights and submodules with none of that:
   stepper is made (once per decode call), so every call decodes with the weights the model
   has then.
 
+Rows that have ended (EOS, or finished before the call) are dropped from the batch
+(:class:`LeanStepper` ``step``): once at least a quarter of the rows it still computes have
+ended, it keeps only the rows still going (their KV buffers, mask and rotary rows copied
+together) and scatters their logits back into a ``(B, V)`` buffer in the original row order,
+where ended rows keep their last logits (finite; decode masks their tokens to padding). The
+sampler still draws for all ``B`` rows in one call on the same generator, so every row
+receives the random numbers it received before (``torch.multinomial`` draws one
+exponential per entry of the ``(B, V)`` table, whatever the entries are). It never computes
+fewer than :data:`ROW_BLOCK` rows nor a number of rows that is not a multiple of it (ended ones
+fill up), and leaves a batch of a size :func:`_row_invariant` rejects as it is: the matmuls then
+give each row its numbers to the bit whatever the other rows (see :data:`ROW_BLOCK`). It is done
+on the CPU only, where that was measured: on a GPU, whose BLAS picks kernels by shape, a
+one-token step's time hardly depends on the rows (it is bound by reading the weights).
+
 So the numbers are the model's up to float summation order (the reference test
 compares tokens and log-probs with the transformers loop). Models it does not
 cover (other architectures, sliding-window layers, logit scaling, forward hooks) make :func:`lean_stepper` return None and the caller uses the
@@ -36,13 +50,27 @@ import torch.nn.functional as F
 
 from .sequence import position_ids_from_mask
 
-__all__ = ["LEAN_MODEL_TYPES", "LeanStepper", "lean_stepper", "supports_lean"]
+__all__ = ["LEAN_MODEL_TYPES", "ROW_BLOCK", "LeanStepper", "lean_stepper", "supports_lean"]
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layers have the structure driven here."""
 
 _POSITION_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
 """Rotary types whose tables change with the sequence length a forward sees (the lean path computes them once)."""
+
+ROW_BLOCK = 4
+"""A compacted step computes a multiple of this many rows. Measured on this project's CPU (torch 2.13,
+MKL, AVX-512), ``F.linear`` of ``m`` rows gives each row the numbers it gets in any other such matmul,
+to the bit, when ``m`` is a multiple of 4 or at least 12 (1 to 8 threads); with 1-3 rows, and with 2
+or 8 threads also 5-7 and 9-11, another kernel differs in the last bits. tests/runtime/engines/
+test_lean_decode.py checks compaction on against off to the bit."""
+
+_INVARIANT_ROWS = 12
+"""From this many rows, any number of rows is row-invariant (:data:`ROW_BLOCK`)."""
+
+COMPACT_FRACTION = 0.25
+"""Compact when at least this share of the rows a step computes have ended: each compaction copies the
+remaining rows' KV buffers once, so the copies cost a bounded multiple of one buffer per call."""
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
@@ -93,11 +121,14 @@ class LeanStepper:
         prompt_ids, prompt_mask: ``(b, P)`` left-padded prompts.
         n: decoded rows per prompt (``B = b * n`` rows in ``repeat_interleave`` order).
         steps: the most tokens each row will be fed after the prompt (``max_new_tokens - 1``).
+        compact: drop ended rows from the batch (module docstring; CPU only); False computes every row at every step.
 
     :attr:`logits` ``(B, V)``: the prefill's logits at each row's last prompt position.
+    :attr:`row_steps`: rows fed through the layers so far, summed over steps (the prefill not counted).
     """
 
-    def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int):
+    def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int,
+                 compact: bool = True):
         backbone = model.model
         self.layers = backbone.layers
         self.embed = backbone.embed_tokens.weight
@@ -137,6 +168,10 @@ class LeanStepper:
         causal = torch.ones((p, p), dtype=torch.bool, device=mask.device).tril()
         allowed = causal & (mask[:, None, :] | ~mask[:, :, None])
         self.logits = self._forward(prompt_ids.long(), allowed[:, None], prompt_cos, prompt_sin, 0, p, rows)[rows]
+        self.compact = compact and weight.device.type == "cpu" and _row_invariant(b * n)
+        self.row_steps = 0
+        self.rows: torch.Tensor | None = None  # original row of each buffer row once compacted; None: all, in order
+        self.out = self.logits  # (B, V): the logits last returned, every row's (written in place once compacted)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                  stop: int, rows: torch.Tensor | None) -> torch.Tensor:
@@ -166,11 +201,52 @@ class LeanStepper:
         return F.linear(_rms_norm(h[:, -1], *self.final_norm, cast), *self.lm_head)
 
     def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-        """Feed ``token`` ``(B,)`` as step ``t``'s input (``alive``: rows attended from now on) -> logits ``(B, V)``."""
+        """Feed ``token`` ``(B,)`` as step ``t``'s input (``alive``: rows attended from now on) -> logits ``(B, V)``.
+
+        Rows ended before this step may be dropped first (module docstring); their logits then stay those of
+        their last computed step. Once rows were dropped, the returned tensor is one buffer, rewritten by the next step.
+        """
+        if self.compact:
+            self._drop_ended(alive, t)
+        if self.rows is not None:
+            token, alive = token[self.rows], alive[self.rows]
         slot = self.prompt_len + t
         self.valid[:, slot] = alive
-        return self._forward(token[:, None], self.valid[:, None, None, :slot + 1], self.cos[:, :, t:t + 1],
-                             self.sin[:, :, t:t + 1], slot, slot + 1, None)
+        self.row_steps += token.shape[0]
+        logits = self._forward(token[:, None], self.valid[:, None, None, :slot + 1], self.cos[:, :, t:t + 1],
+                               self.sin[:, :, t:t + 1], slot, slot + 1, None)
+        if self.rows is None:
+            self.out = logits
+            return logits
+        return self.out.index_copy_(0, self.rows, logits)
+
+    def _drop_ended(self, alive: torch.Tensor, t: int) -> None:
+        """Keep only the buffer rows still going (filled up to a multiple of :data:`ROW_BLOCK` with ended ones)
+        once enough have ended to pay the copy."""
+        computed = self.valid.shape[0]
+        going = alive if self.rows is None else alive[self.rows]
+        still = int(going.sum())
+        kept = max(ROW_BLOCK, -(-still // ROW_BLOCK) * ROW_BLOCK)
+        if kept >= computed or computed - still < COMPACT_FRACTION * computed:
+            return
+        # going rows first, in their order, then ended ones up to ``kept`` (a stable sort)
+        keep = torch.argsort((~going).to(torch.int8), stable=True)[:kept]
+        if self.rows is None:
+            self.out = self.out.clone()  # every row's last logits (ended rows' stay finite for the sampler)
+            self.rows = keep
+        else:
+            self.rows = self.rows[keep]
+        filled = self.prompt_len + t  # the columns written so far; later ones are written before they are read
+        for buffers in (self.keys, self.values):
+            for i, kb in enumerate(buffers):
+                buffers[i] = kb.new_empty((kept, *kb.shape[1:]))
+                buffers[i][:, :, :filled] = kb[keep, :, :filled]
+        self.valid, self.cos, self.sin = self.valid[keep], self.cos[keep], self.sin[keep]
+
+
+def _row_invariant(rows: int) -> bool:
+    """Whether a matmul of ``rows`` rows gives each row the numbers of a compacted one (:data:`ROW_BLOCK`)."""
+    return rows % ROW_BLOCK == 0 or rows >= _INVARIANT_ROWS
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = True) -> torch.Tensor:
@@ -239,8 +315,8 @@ def _mlp(module: torch.nn.Module):
 
 
 def lean_stepper(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int,
-                 steps: int) -> LeanStepper | None:
+                 steps: int, compact: bool = True) -> LeanStepper | None:
     """A :class:`LeanStepper` (prefill done) when the model is one this path drives, else None."""
     if not supports_lean(model):
         return None
-    return LeanStepper(model, prompt_ids, prompt_mask, n, steps)
+    return LeanStepper(model, prompt_ids, prompt_mask, n, steps, compact)

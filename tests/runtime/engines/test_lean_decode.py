@@ -219,3 +219,102 @@ def test_rotary_whose_frequencies_follow_the_sequence_length_is_not_driven():
     model = _model("llama")
     model.model.rotary_emb.rope_type = "dynamic"
     assert not supports_lean(model)
+
+
+# Dropping ended rows from the batch (LeanStepper compaction): rows that end at different steps
+
+
+def _decode(model, ids, mask, params, seed=0, eos=(EOS,), **kwargs):
+    gen = torch.Generator().manual_seed(seed)
+    out = decode(model, ids, mask, params, eos_token_ids=list(eos), pad_token_id=PAD, generator=gen, path="lean",
+                 **kwargs)
+    return out, gen
+
+
+def test_rows_that_stop_at_different_steps_decode_as_each_row_alone():
+    """Greedy: each row of a batch whose rows end at different steps gets the tokens it gets decoded alone.
+
+    This model's greedy answers cycle through a few tokens, so token 21 as the stop token ends nine of
+    the twelve rows after 1, 2, 3 or 6 tokens and three never (they run to the limit): the batch is
+    compacted more than once, down to :data:`ROW_BLOCK` rows (three going, one ended filling up). Alone, a row is a batch of one (another matmul kernel in the
+    last bits): log-probs within float32 tolerance. Against the batch without compaction: to the bit.
+    """
+    model = _model("qwen2")
+    ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8, 5, 3, 6, 2], seed=5)
+    params = SamplingParams(n=1, max_new_tokens=24, greedy=True)
+    batch, _ = _decode(model, ids, mask, params, eos=(21,))
+    lengths = batch.response_mask.sum(-1)
+    assert len(set(lengths.tolist())) >= 4 and (lengths == 24).any() and (lengths < 4).sum() >= 4, lengths
+    assert batch.row_steps < len(ids) * 23
+    for row in range(len(ids)):
+        alone, _ = _decode(model, ids[row:row + 1], mask[row:row + 1], params, eos=(21,))
+        assert torch.equal(alone.response_ids[0], batch.response_ids[row])
+        assert torch.equal(alone.response_mask[0], batch.response_mask[row])
+        torch.testing.assert_close(alone.log_probs[0], batch.log_probs[row], rtol=1e-5, atol=1e-5)
+    full, _ = _decode(model, ids, mask, params, eos=(21,), compact=False)
+    assert torch.equal(full.response_ids, batch.response_ids) and torch.equal(full.log_probs, batch.log_probs)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("params", [SamplingParams(n=2, max_new_tokens=24),
+                                    SamplingParams(n=3, max_new_tokens=20, temperature=0.7, top_k=6, top_p=0.9)])
+def test_dropping_ended_rows_keeps_the_sampled_tokens_log_probs_and_generator_to_the_bit(arch, params):
+    """Sampled: the rows share one generator, and the sampler still draws for every row at every step, so
+    compaction changes no token, no log-prob and not where the generator ends (the next call's draws)."""
+    model = _model(arch)
+    ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8], seed=5)
+    lean, lean_gen = _decode(model, ids, mask, params, seed=11)
+    full, full_gen = _decode(model, ids, mask, params, seed=11, compact=False)
+    lengths = lean.response_mask.sum(-1)
+    assert len(set(lengths.tolist())) >= 5, "the case needs rows that end at many different steps"
+    assert lean.row_steps < full.row_steps
+    assert torch.equal(lean.response_ids, full.response_ids)
+    assert torch.equal(lean.response_mask, full.response_mask)
+    assert torch.equal(lean.log_probs, full.log_probs)
+    assert torch.equal(lean_gen.get_state(), full_gen.get_state())
+    gen = torch.Generator().manual_seed(11)
+    ref = decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=gen, path="hf")
+    _assert_same(ref, lean)
+
+
+def test_row_steps_count_only_the_rows_still_going_and_a_minimum():
+    """``Decoded.row_steps``: without compaction every row at every step after the first (``B x (steps - 1)``);
+    with it fewer, yet at least every row's own steps (a row of ``L`` tokens is fed ``L - 1`` of them)
+    and at least :data:`ROW_BLOCK` rows a step. Never compacted: a batch of ROW_BLOCK rows, and one of
+    10 (not a multiple of ROW_BLOCK, under 12: its matmuls may round otherwise than a compacted one's)."""
+    from hybridflow.runtime.engines.lean_decode import ROW_BLOCK
+
+    model = _model("qwen2")
+    ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8], seed=5)
+    params = SamplingParams(n=2, max_new_tokens=24)
+    lean, _ = _decode(model, ids, mask, params, seed=11)
+    full, _ = _decode(model, ids, mask, params, seed=11, compact=False)
+    rows, fed = len(ids) * 2, lean.steps - 1
+    assert full.row_steps == rows * fed
+    lengths = lean.response_mask.sum(-1).long()
+    assert int((lengths - 1).sum()) <= lean.row_steps < rows * fed
+    assert lean.row_steps >= ROW_BLOCK * fed
+    for prompts in (2, 5):
+        small, _ = _decode(model, ids[:prompts], mask[:prompts], params, seed=3)
+        ends = small.response_mask.sum(-1)
+        assert (ends < small.steps / 2).sum() >= prompts, "the case needs half the rows to end early"
+        assert small.row_steps == 2 * prompts * (small.steps - 1)
+
+
+def test_a_cut_compacted_decoding_continues_as_the_uncut_one():
+    """Segments: a decoding cut after 6 steps (rows dropped by then) and continued from its carry gives the
+    uncut decoding's tokens and log-probs to the bit, and the row-steps of both calls add up to the uncut one's."""
+    model = _model("llama")
+    ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8], seed=5)
+    params = SamplingParams(n=2, max_new_tokens=24)
+    whole, _ = _decode(model, ids, mask, params, seed=11)
+    gen = torch.Generator().manual_seed(11)
+    first = decode(model, ids, mask, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=gen, path="lean",
+                   steps=6, capacity=24)
+    assert first.carry is not None and first.row_steps < 16 * 5
+    rest = decode(model, None, None, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=gen, path="lean",
+                  steps=18, done=first.done, carry=first.carry)
+    width = rest.steps
+    assert torch.equal(torch.cat([first.response_ids, rest.response_ids[:, :width]], 1), whole.response_ids[:, :6 + width])
+    assert torch.equal(torch.cat([first.log_probs, rest.log_probs[:, :width]], 1), whole.log_probs[:, :6 + width])
+    assert first.row_steps + rest.row_steps == whole.row_steps
