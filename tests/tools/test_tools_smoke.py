@@ -7,7 +7,7 @@ the flags allow, and each test checks what the tool printed or wrote, never how 
 
 Not run for real here, and why (each still gets ``--help``):
 
-* The Ray benchmarks (bench_async, bench_checkpoint, bench_dispatch, bench_overlap, bench_weight_sync, bench_streaming's
+* The Ray benchmarks (bench_async, bench_checkpoint, bench_dispatch, bench_overlap, bench_warm_workers, bench_weight_sync, bench_streaming's
   default, bench_placements' Ray rows, and bench_learning's stale runs, ``--staleness K``): a Ray instance and its worker processes, each importing torch, cost
   ~85 s of CPU for bench_overlap's smallest run on 2 cores, several times this file's budget. Their
   set-up before Ray (the plans of the default form compile and bind on this machine: where three of
@@ -48,7 +48,7 @@ SCRIPTS = (
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
-    "bench_calibration.py",
+    "bench_calibration.py", "bench_warm_workers.py",
 )
 """The Python scripts with a command line: ``main(argv)``."""
 MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/flops.py", "bench_trl/parity.py",

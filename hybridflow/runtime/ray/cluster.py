@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import ray
@@ -25,6 +25,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from ...compiler.plan import ExecutionPlan
 from ...errors import PlacementError
+from .warm import keeping_workers, pool_key, take
 
 __all__ = ["connect", "PoolReservation", "PoolLayout", "pool_groups", "reserve_pools", "release_pools", "free_port", "node_ip", "replace_lost_nodes",
            "DeviceResource"]
@@ -71,6 +72,10 @@ class PoolReservation:
 
     groups: dict[str, PlacementGroup]
     bundles: dict[str, dict[str, float]]
+    keys: dict[str, tuple] = field(default_factory=dict)
+    """Pool name -> its :func:`.warm.pool_key` (what a parked pool must match)."""
+    actors: dict[str, list] = field(default_factory=dict)
+    """Pool name -> the parked actors (by bundle index) taken with its group (:mod:`.warm`); the others start new ones."""
 
     def uses_gpu(self, pool: str) -> bool:
         return self.bundles[pool].get("GPU", 0) > 0
@@ -151,8 +156,14 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
     place one."""
     layout = pool_groups(plan, _device_resource(resource), cpus_per_worker)
     bundles = {name: pool.bundle for name, pool in layout.items()}
-    groups: dict[str, PlacementGroup] = {}
+    keys = {p.name: pool_key(layout[p.name].bundle, layout[p.name].selectors, layout[p.name].strategy,
+                             p.workers or len(p.devices)) for p in plan.pools}
+    with_envs = any(p.workers for p in plan.pools)  # environment pools are never parked; nor is what they run with
+    taken = take({} if with_envs else keys) if keeping_workers() else {}
+    groups: dict[str, PlacementGroup] = {name: parked.group for name, parked in taken.items()}
     for pool in plan.pools:
+        if pool.name in taken:
+            continue
         spec = layout[pool.name]
         groups[pool.name] = placement_group([dict(spec.bundle) for _ in range(pool.workers or len(pool.devices))],
                                             strategy=spec.strategy,
@@ -168,7 +179,7 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
             f"{ {k: v for k, v in ray.available_resources().items() if k in ('CPU', 'GPU')} } free. Give Ray more resources (ray.init(num_cpus=..., num_gpus=...)), lower "
             "cpus_per_worker, or compile for fewer devices (a plan bound earlier needs the same Ray nodes alive: "
             "bind it again)")
-    return PoolReservation(groups, bundles)
+    return PoolReservation(groups, bundles, keys, {name: parked.actors for name, parked in taken.items()})
 
 
 def replace_lost_nodes(plan: ExecutionPlan, *, timeout_s: float = 120.0, poll_s: float = 1.0) -> ExecutionPlan:

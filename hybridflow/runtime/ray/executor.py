@@ -30,12 +30,15 @@ loop for every executor), distributed:
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
+import os
 import time
 from typing import Any, Mapping
 
 import ray
+import torch
 
 from ...compiler.plan import ExecutionPlan
 from ...errors import ExecutionError, HybridflowError, PlacementError, WorkerLostError
@@ -47,6 +50,7 @@ from ..weight_sync import DEFAULT_BUCKET_BYTES
 from ..worker import Worker
 from .cluster import DeviceResource, connect, release_pools, replace_lost_nodes, reserve_pools
 from .env_pool import attach_env_pools, env_worker_handles, start_env_workers
+from .warm import keeping_workers, park
 
 __all__ = ["RayExecutor"]
 
@@ -79,10 +83,31 @@ WATCH_GROUP = "watchdog"
 
 
 class _RayWorker(Worker):
-    """The worker of a Ray actor: a staged weight sync's buffer is the object store (:meth:`Worker.stash`)."""
+    """The worker of a Ray actor: a staged weight sync's buffer is the object store (:meth:`Worker.stash`); a
+    parked actor starts over as another executor's slot (:mod:`.warm`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cpus = os.sched_getaffinity(0)
 
     def stash(self, named):
         return ray.put(named)
+
+    def release(self) -> int:
+        """Leave the world and drop every engine, as the process was before its slot's set-up: it may be parked."""
+        self.shutdown()
+        self.engines, self.offloaded, self.groups, self.group_devices, self.env_hosts = {}, {}, {}, {}, {}
+        gc.collect()
+        os.sched_setaffinity(0, self._cpus)
+        torch.set_grad_enabled(True)
+        return os.getpid()
+
+    def recycle(self, slot: Slot, specs: Mapping[str, RoleSpec], **options) -> int:
+        """Start over as ``slot`` with ``specs`` (after :meth:`release`): the next calls are probe, rendezvous, set-up."""
+        cpus = self._cpus
+        Worker.__init__(self, slot, specs, **options)
+        self._cpus = cpus
+        return os.getpid()
 
 
 _RemoteWorker = ray.remote(concurrency_groups={WATCH_GROUP: 1})(_RayWorker)
@@ -128,6 +153,7 @@ class RayExecutor(PlanExecutor):
         self._owns_ray = connect(address, num_cpus=num_cpus, num_gpus=num_gpus)
         self._actors: dict[str, Any] = {}
         self._reservation = None
+        self._failed = False
         self.slot_info: dict[str, dict] = {}
         self.env_workers: dict[str, list] = {}
         """Environment pool name -> its environment workers' actors (:mod:`.env_pool`)."""
@@ -144,10 +170,16 @@ class RayExecutor(PlanExecutor):
             bundle = self._reservation.bundles[slot.pool]
             strategy = PlacementGroupSchedulingStrategy(self._reservation.groups[slot.pool], placement_group_bundle_index=slot.rank)
             specs = {r.role: self.specs[r.role] for r in slot.roles}
+            options = dict(timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
+            parked = self._reservation.actors.get(slot.pool)
+            if parked:  # a kept slot of an earlier executor (.warm): it starts over, in order before its probe
+                self._actors[slot.name] = parked[slot.rank]
+                parked[slot.rank].recycle.remote(slot, specs, **options)
+                continue
             self._actors[slot.name] = _RemoteWorker.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
                 max_restarts=0, max_task_retries=0,
-            ).remote(slot, specs, timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
+            ).remote(slot, specs, **options)
         try:
             bundles = self._reservation.bundles
             devices = self.get_all({s.name: self.actor(s).probe.remote(self._reservation.uses_gpu(s.pool),
@@ -163,6 +195,7 @@ class RayExecutor(PlanExecutor):
             self.slot_info = self.get_all(refs, "set-up", o["setup_timeout_s"])
             self._start_env_pools()
         except BaseException:
+            self._failed = True
             self.shutdown()
             raise
 
@@ -214,11 +247,21 @@ class RayExecutor(PlanExecutor):
                     log.warning("restart: %s; trying again until %.0f s have passed (a lost node may not be marked "
                                 "dead yet)", err, self._options["setup_timeout_s"])
 
-    def _stop_workers(self, exit_timeout_s: float = 30.0) -> None:
+    def _stop_workers(self, exit_timeout_s: float = 30.0, *, keep: bool = False) -> None:
         """Kill the slots, wait until Ray reports them gone (a call on each fails), then remove the pools' groups.
 
         Removing a group while a killed slot's process is still exiting has left its bundles' resources held
-        on multi-raylet clusters, so that the next reservation on that node never fitted."""
+        on multi-raylet clusters, so that the next reservation on that node never fitted. ``keep``: park the pools
+        instead (:mod:`.warm`), when :func:`~.warm.keep_workers` is on and every slot releases."""
+        hung = getattr(self.watchdog, "hang", None) is not None
+        if keep and keeping_workers() and not (self.env_workers or self._failed or hung) and self._reservation is not None:
+            by_pool = {name: [self._actors[s.name] for s in self.topology.pool_slots(name)]
+                       for name in self._reservation.groups}
+            if park([(self._reservation.keys[name], self._reservation.groups[name], actors)
+                     for name, actors in by_pool.items()]):
+                self._actors.clear()
+                self._reservation = None
+                return
         handles = list(self._actors.values())
         for handle in handles:
             try:
@@ -233,8 +276,9 @@ class RayExecutor(PlanExecutor):
             self._reservation = None
 
     def shutdown(self) -> None:
-        """Stop the workers, release the pools, and stop Ray if this executor started it."""
-        self._stop_workers()
+        """Stop the workers (or park them: :func:`~.warm.keep_workers`), release the pools, and stop Ray if this
+        executor started it."""
+        self._stop_workers(keep=not self._owns_ray)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False
@@ -303,6 +347,7 @@ class RayExecutor(PlanExecutor):
     # -- faults ----------------------------------------------------------------------------------------
     def _failure(self, what: str, slot: Slot, err: Exception) -> Exception:
         """The project error for a slot's failure: WorkerLostError when a slot of the op's pools died."""
+        self._failed = True  # its workers are not kept (.warm)
         cause_text = str(getattr(err, "cause", None) or err)
         # a collective that broke because a peer went away: give Ray time to learn which one (a lost node's
         # processes are known dead a little after its peers see their connections close)
