@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .sequence import position_ids_from_mask
 
-__all__ = ["LEAN_MODEL_TYPES", "LeanStepper", "lean_stepper", "supports_lean"]
+__all__ = ["LEAN_MODEL_TYPES", "LeanStepper", "lean_stepper", "supports_lean", "supports_lean_backbone"]
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layers have the structure driven here."""
@@ -50,29 +50,39 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplie
 def supports_lean(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a Llama-family causal LM this path drives exactly (else: the transformers loop)."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
+    if config is None or any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
         return False
-    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+    backbone, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if backbone is None or not isinstance(head, torch.nn.Linear):
+        return False
+    if any(m._forward_hooks or m._forward_pre_hooks for m in (model, head)):
+        return False  # a hook changes what the model's forward computes: only the forward itself is exact
+    return supports_lean_backbone(backbone)  # the backbone's modules and the global hooks
+
+
+def supports_lean_backbone(backbone: torch.nn.Module) -> bool:
+    """Whether ``backbone`` (a Llama-family base model: ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``) has
+    the structure and settings the lean paths drive exactly (:mod:`.lean_forward` too), and no hooks."""
+    config = getattr(backbone, "config", None)
+    if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
         return False
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return False  # sliding-window layers
     if getattr(config, "use_sliding_window", False) or getattr(config, "pretraining_tp", 1) not in (None, 1):
         return False
-    if getattr(getattr(model, "model", None), "rotary_emb", None) is not None and \
-            getattr(model.model.rotary_emb, "rope_type", "default") in _POSITION_DEPENDENT_ROPE:
-        return False  # its frequencies depend on the longest position of a call: only the model's own loop matches
-    if _has_hooks(model):
-        return False  # a hook changes what the model's forward computes: only the forward itself is exact
-    backbone = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if backbone is None or not all(hasattr(backbone, name) for name in needed) or not hasattr(model, "lm_head"):
+    if not all(hasattr(backbone, name) for name in needed):
         return False
+    if getattr(backbone.rotary_emb, "rope_type", "default") in _POSITION_DEPENDENT_ROPE:
+        return False  # its frequencies depend on the longest position of a call: only the model's own loop matches
+    if _has_hooks(backbone):
+        return False  # a hook changes what the model's forward computes: only the forward itself is exact
     layer = backbone.layers[0]
     norms = (layer.input_layernorm, layer.post_attention_layernorm, backbone.norm)
     if not all(hasattr(norm, "weight") and hasattr(norm, "variance_epsilon") for norm in norms):
         return False
     projections = [getattr(layer.self_attn, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    return all(isinstance(p, torch.nn.Linear) for p in projections + [model.lm_head]) and all(
+    return all(isinstance(p, torch.nn.Linear) for p in projections) and all(
         hasattr(layer.self_attn, name) for name in ("head_dim", "scaling"))
 
 

@@ -87,6 +87,10 @@ def shared_response_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, 
     hidden = getattr(getattr(backbone, "config", None), "hidden_size", None)
     if groups is None or (prompt_ids.shape[0] - len(groups[0])) * prompt_ids.shape[-1] < min_saved_positions(hidden):
         return None
+    from .lean_forward import lean_forward_applies, lean_shared_hidden
+
+    if lean_forward_applies(backbone):  # the same states without the framework's per-call work
+        return lean_shared_hidden(backbone, prompt_ids, prompt_mask, response_ids, response_mask, groups)
     from .decode import cache_keyword, new_cache
 
     first, inverse = groups
