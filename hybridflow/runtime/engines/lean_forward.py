@@ -101,8 +101,9 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
         qkv_weight, qkv_bias = _joined(attn.q_proj, attn.k_proj, attn.v_proj)
         qkv = F.linear(_rms_norm(h, *_norm(layer.input_layernorm), cast), qkv_weight, qkv_bias)
         qkv = qkv.view(b, q_len, -1, d).transpose(1, 2)
-        qk = _rotate(qkv[:, :rotated], cos, sin)
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, rotated:]
+        # split, not slices: a split's backward joins the parts' gradients, where each slice's would zero a full-size one
+        qk, v = qkv.split([rotated, kv_heads], dim=1)
+        q, k = _rotate(qk, cos, sin).split([heads, kv_heads], dim=1)
         if cache is not None:
             k, v = torch.cat([cache[index][0], k], dim=2), torch.cat([cache[index][1], v], dim=2)
         out_cache.append((k, v))
@@ -130,6 +131,6 @@ def _mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return module(x)
     width = module.gate_proj.out_features
-    both = F.linear(x, *_joined(module.gate_proj, module.up_proj))
+    gate, up = F.linear(x, *_joined(module.gate_proj, module.up_proj)).split(width, dim=-1)
     act = F.silu if type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation" else module.act_fn
-    return F.linear(act(both[..., :width]) * both[..., width:], module.down_proj.weight, module.down_proj.bias)
+    return F.linear(act(gate) * up, module.down_proj.weight, module.down_proj.bias)
