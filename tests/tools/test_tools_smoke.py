@@ -327,6 +327,13 @@ def test_bench_vs_trl_without_trl_says_what_to_install(mode, tmp_path, capsys):
     assert not any(out.rglob("model*")), "no model folder is made before TRL is found"
 
 
+def test_bench_vs_trl_speed_refuses_a_baseline_tree_that_is_no_checkout(tmp_path, capsys):
+    out = tmp_path / "out"
+    message, _, _ = exits("bench_vs_trl.py", ["speed", "--baseline-tree", str(tmp_path), "--out", str(out)], capsys)
+    assert f"--baseline-tree {tmp_path} is not a hybridflow checkout" in message and "git worktree add" in message
+    assert not out.exists(), "nothing is run or made before the baseline checkout is found"
+
+
 # ----------------------------------------------------------------------------- hybridflow's side of bench_vs_trl
 
 @pytest.fixture(scope="module")
