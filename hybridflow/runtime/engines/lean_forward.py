@@ -20,7 +20,11 @@ The attention mask is the model's: a query attends to the valid keys up to itsel
 position after a response's end too, so its state is the model's as well); a query with no valid
 key up to it (a left-padded prompt's padding, whose state no other position reads) attends to
 every key up to itself, so that its state stays finite. So the states and every gradient are the
-model's up to float summation order (``tests/runtime/engines/test_lean_forward.py`` compares states and gradients with the
+model's up to float summation order. With gradients on (an update, whose losses read no padding
+state) the projections, MLPs and norms of a call run on its valid positions alone, packed
+(``valid_only``), attention on a zero-padded copy of q/k/v: on GRPO batches, where responses end
+at different lengths, that skips the padding's share of the work, the valid states and gradients
+unchanged (``tests/runtime/engines/test_lean_forward.py`` compares states and gradients with the
 transformers forward).
 
 It applies where :func:`~.lean_decode.supports_lean_backbone` holds (the architectures and
@@ -70,20 +74,26 @@ def lean_shared_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, prom
     cache = [(k.index_select(0, inverse), v.index_select(0, inverse)) for k, v in cache]
     mask = torch.cat([prompt_mask.long(), response_attention(response_mask)[:, :-1]], dim=-1)
     positions = position_ids_from_mask(mask)[:, prompt_ids.shape[-1]:]
-    hidden, _ = lean_hidden(backbone, response_ids[:, :-1].long(), mask, positions, cache)
+    hidden, _ = lean_hidden(backbone, response_ids[:, :-1].long(), mask, positions, cache,
+                            valid_only=torch.is_grad_enabled())
     return torch.cat([prompt_last, hidden], dim=1)
 
 
 def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None, *, valid_only: bool = False
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """A backbone call: ``ids`` ``(b, Q)`` at ``positions`` ``(b, Q)`` after ``cache`` (``K`` positions a layer, or None).
 
     ``mask`` ``(b, K + Q)``: 1 at valid keys (the cached ones first). Returns the final-normed
     states ``(b, Q, h)`` and each layer's keys and values ``(b, kv_heads, K + Q, head_dim)``.
+    ``valid_only``: the projections, MLPs and norms run on the valid positions alone (packed, one
+    host sync), which attention reads through a zero-padded copy of q/k/v; the states at padding
+    positions are then 0, and their keys and values 0 (no valid query attends to them). For an
+    update, whose losses read no padding state: the same valid states and gradients, less work.
     """
-    h = backbone.embed_tokens(ids)
     b, q_len = ids.shape
+    packed = mask[:, -q_len:].reshape(-1).nonzero().squeeze(-1) if valid_only else None  # (M,) the valid positions
+    h = backbone.embed_tokens(ids if packed is None else ids.reshape(-1).index_select(0, packed))
     attention = backbone.layers[0].self_attn
     d, scaling = attention.head_dim, attention.scaling
     heads, kv_heads = attention.config.num_attention_heads, attention.config.num_key_value_heads
@@ -100,6 +110,8 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
         attn = layer.self_attn
         qkv_weight, qkv_bias = _joined(attn.q_proj, attn.k_proj, attn.v_proj)
         qkv = F.linear(_rms_norm(h, *_norm(layer.input_layernorm), cast), qkv_weight, qkv_bias)
+        if packed is not None:  # (M, ...) -> (b * Q, ...) with zeros at padding, attention's dense layout
+            qkv = qkv.new_zeros(b * q_len, qkv.shape[-1]).index_copy(0, packed, qkv)
         qkv = qkv.view(b, q_len, -1, d).transpose(1, 2)
         # split, not slices: a split's backward joins the parts' gradients, where each slice's would zero a full-size one
         qk, v = qkv.split([rotated, kv_heads], dim=1)
@@ -108,9 +120,15 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
             k, v = torch.cat([cache[index][0], k], dim=2), torch.cat([cache[index][1], v], dim=2)
         out_cache.append((k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling, enable_gqa=heads != kv_heads)
-        h = h + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), attn.o_proj.weight, attn.o_proj.bias)
+        out = out.transpose(1, 2).reshape(b, q_len, -1)
+        if packed is not None:
+            out = out.reshape(b * q_len, -1).index_select(0, packed)
+        h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
         h = h + _mlp(layer.mlp, _rms_norm(h, *_norm(layer.post_attention_layernorm), cast))
-    return _rms_norm(h, *_norm(backbone.norm), cast), out_cache
+    h = _rms_norm(h, *_norm(backbone.norm), cast)
+    if packed is not None:
+        h = h.new_zeros(b * q_len, h.shape[-1]).index_copy(0, packed, h).view(b, q_len, -1)
+    return h, out_cache
 
 
 def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:

@@ -79,7 +79,9 @@ def response_hidden(backbone: torch.nn.Module, inputs: ModelInputs, prompt_len: 
     from .lean_forward import lean_forward_applies, lean_hidden
 
     if lean_forward_applies(backbone):  # the same states without the framework's per-call work
-        return lean_hidden(backbone, inputs.input_ids, inputs.attention_mask, inputs.position_ids)[0][:, prompt_len - 1:]
+        hidden, _ = lean_hidden(backbone, inputs.input_ids, inputs.attention_mask, inputs.position_ids,
+                                valid_only=torch.is_grad_enabled())
+        return hidden[:, prompt_len - 1:]
     out = backbone(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                    position_ids=inputs.position_ids, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]

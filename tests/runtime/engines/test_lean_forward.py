@@ -41,8 +41,7 @@ def _states_and_gradients(model, states_of, fields, valid) -> tuple[torch.Tensor
     hidden = states_of(model.base_model, fields)
     weights = torch.linspace(-1, 1, hidden.shape[-1])
     (hidden[valid] * weights).sum().backward()
-    # every response position's state, past a response's end too (what compute_log_probs returns there)
-    return hidden.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return hidden[valid].detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
 def _assert_same(result, reference) -> None:
@@ -72,6 +71,28 @@ def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(a
     _assert_same(shared, reference)
     # the embedding's padding row gets no gradient, as nn.Embedding's padding_idx has it
     assert float(shared[1]["model.embed_tokens.weight"][model.config.pad_token_id].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_without_gradients_every_state_is_the_transformers_one(shared):
+    # compute_log_probs returns every response position, past a response's end too: there the states are the
+    # model's as well (with gradients, in an update, only the valid positions are computed: the others are 0)
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).eval()
+    batch = _batch(5)
+    fields = [batch[k] for k in FIELDS]
+    backbone = model.base_model
+    if shared:
+        states = lambda: lean_shared_hidden(backbone, *fields, prompt_groups(fields[0], fields[1]))  # noqa: E731
+    else:
+        states = lambda: response_hidden(backbone, join_prompt_response(*fields), fields[0].shape[-1])  # noqa: E731
+    with torch.no_grad():
+        lean, reference = states(), _transformers_states(backbone, fields)
+    torch.testing.assert_close(lean, reference, rtol=1e-5, atol=1e-5)
+    with_grad = states().detach()  # computed with gradients on: the valid positions alone
+    fed = torch.cat([torch.ones(len(fields[0]), 1), batch["response_mask"][:, :-1]], 1).bool()  # state before a token
+    assert float(with_grad[~fed].abs().max()) == 0.0 and float(with_grad[fed].abs().min()) > 0.0
+    torch.testing.assert_close(with_grad[fed], reference[fed], rtol=1e-5, atol=1e-5)
 
 
 def test_a_cached_call_continues_the_states_of_one_call():
