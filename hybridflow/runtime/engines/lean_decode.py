@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from .sequence import position_ids_from_mask
 
-__all__ = ["LEAN_MODEL_TYPES", "LeanStepper", "lean_stepper", "supports_lean", "supports_lean_backbone"]
+__all__ = ["LEAN_MODEL_TYPES", "LeanStepper", "lean_stepper", "rms_norm", "rotary_tables", "rotate", "supports_lean",
+           "supports_lean_backbone"]
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layers have the structure driven here."""
@@ -137,7 +138,7 @@ class LeanStepper:
         prompt_positions = position_ids_from_mask(mask)
         later = prompt_positions[:, -1:] + 1 + torch.arange(max(steps, 1), device=mask.device)
         # one call for the prompt's positions and the decoded ones (element-wise: the same numbers)
-        cos, sin = _rotary_tables(*backbone.rotary_emb(self.embed[:1, None].expand(b, -1, -1),
+        cos, sin = rotary_tables(*backbone.rotary_emb(self.embed[:1, None].expand(b, -1, -1),
                                                        torch.cat([prompt_positions, later], dim=-1)))
         prompt_cos, prompt_sin = cos[:, :, :p], sin[:, :, :p]
         self.cos, self.sin = cos[rows, :, p:], sin[rows, :, p:]
@@ -159,8 +160,8 @@ class LeanStepper:
         heads, rotated = self.heads, self.heads + self.kv_heads
         cast = self.cast
         for (norm1, qkv_proj, o_proj, norm2, mlp), kb, vb in zip(self.plan, self.keys, self.values):
-            qkv = F.linear(_rms_norm(h, *norm1, cast), *qkv_proj).view(b, q_len, -1, d).transpose(1, 2)
-            qk = _rotate(qkv[:, :rotated], cos, sin)  # q and k in one go: the same element-wise arithmetic
+            qkv = F.linear(rms_norm(h, *norm1, cast), *qkv_proj).view(b, q_len, -1, d).transpose(1, 2)
+            qk = rotate(qkv[:, :rotated], cos, sin)  # q and k in one go: the same element-wise arithmetic
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, rotated:]
             if rows is None:
                 kb[:, :, start:stop] = k
@@ -172,8 +173,8 @@ class LeanStepper:
                 keys, values = k, v
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.gqa)
             h = h + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), *o_proj)
-            h = h + mlp(_rms_norm(h, *norm2, cast))
-        return F.linear(_rms_norm(h[:, -1], *self.final_norm, cast), *self.lm_head)
+            h = h + mlp(rms_norm(h, *norm2, cast))
+        return F.linear(rms_norm(h[:, -1], *self.final_norm, cast), *self.lm_head)
 
     def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
         """Feed ``token`` ``(B,)`` as step ``t``'s input (``alive``: rows attended from now on) -> logits ``(B, V)``."""
@@ -183,7 +184,7 @@ class LeanStepper:
                              self.sin[:, :, t:t + 1], slot, slot + 1, None)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = True) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = True) -> torch.Tensor:
     """Llama's RMSNorm, the same operations in the same order: ``w * (x / sqrt(mean(x^2) + eps))``, in float32.
 
     ``cast=False`` (a float32 model): the two casts, which change nothing there, are left out.
@@ -193,14 +194,14 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = Tr
     return weight * (xf.to(x.dtype) if cast else xf)
 
 
-def _rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(b, s, d)`` tables -> ``(b, 1, s, d)`` ones for :func:`_rotate`, ``sin`` with its first half negated."""
+def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b, s, d)`` tables -> ``(b, 1, s, d)`` ones for :func:`rotate`, ``sin`` with its first half negated."""
     half = sin.shape[-1] // 2
     signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
     return cos.unsqueeze(1), signed.unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Llama's rotary embedding ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``.
 
     ``cat(-x2, x1) * cat(s1, s2)`` is ``cat(x2, x1) * cat(-s1, s2)`` to the bit (a product's sign

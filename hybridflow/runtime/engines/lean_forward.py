@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_decode import _rms_norm, _rotary_tables, _rotate, supports_lean_backbone
+from .lean_decode import rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
@@ -45,12 +45,12 @@ __all__ = ["lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
 
 def lean_forward_applies(backbone: torch.nn.Module) -> bool:
     """Whether :func:`lean_hidden` computes ``backbone``'s states exactly (see the module docstring)."""
-    from .shared_prompt import _dropout_active
+    from .shared_prompt import dropout_active
 
     embed = getattr(backbone, "embed_tokens", None)
     if embed is None or torch.is_autocast_enabled(embed.weight.device.type):
         return False
-    if getattr(backbone, "gradient_checkpointing", False) or _dropout_active(backbone):
+    if getattr(backbone, "gradient_checkpointing", False) or dropout_active(backbone):
         return False
     return supports_lean_backbone(backbone)
 
@@ -99,7 +99,7 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
     heads, kv_heads = attention.config.num_attention_heads, attention.config.num_key_value_heads
     rotated = heads + kv_heads
     cast = h.dtype != torch.float32
-    cos, sin = _rotary_tables(*backbone.rotary_emb(h, positions))
+    cos, sin = rotary_tables(*backbone.rotary_emb(h, positions))
     valid = mask.bool()
     past = valid.shape[-1] - q_len
     causal = torch.ones((q_len, past + q_len), dtype=torch.bool, device=ids.device).tril(past)
@@ -109,13 +109,13 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
     for index, layer in enumerate(backbone.layers):
         attn = layer.self_attn
         qkv_weight, qkv_bias = _joined(attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = F.linear(_rms_norm(h, *_norm(layer.input_layernorm), cast), qkv_weight, qkv_bias)
+        qkv = F.linear(rms_norm(h, *_norm(layer.input_layernorm), cast), qkv_weight, qkv_bias)
         if packed is not None:  # (M, ...) -> (b * Q, ...) with zeros at padding, attention's dense layout
             qkv = qkv.new_zeros(b * q_len, qkv.shape[-1]).index_copy(0, packed, qkv)
         qkv = qkv.view(b, q_len, -1, d).transpose(1, 2)
         # split, not slices: a split's backward joins the parts' gradients, where each slice's would zero a full-size one
         qk, v = qkv.split([rotated, kv_heads], dim=1)
-        q, k = _rotate(qk, cos, sin).split([heads, kv_heads], dim=1)
+        q, k = rotate(qk, cos, sin).split([heads, kv_heads], dim=1)
         if cache is not None:
             k, v = torch.cat([cache[index][0], k], dim=2), torch.cat([cache[index][1], v], dim=2)
         out_cache.append((k, v))
@@ -124,8 +124,8 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
         if packed is not None:
             out = out.reshape(b * q_len, -1).index_select(0, packed)
         h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        h = h + _mlp(layer.mlp, _rms_norm(h, *_norm(layer.post_attention_layernorm), cast))
-    h = _rms_norm(h, *_norm(backbone.norm), cast)
+        h = h + _mlp(layer.mlp, rms_norm(h, *_norm(layer.post_attention_layernorm), cast))
+    h = rms_norm(h, *_norm(backbone.norm), cast)
     if packed is not None:
         h = h.new_zeros(b * q_len, h.shape[-1]).index_copy(0, packed, h).view(b, q_len, -1)
     return h, out_cache

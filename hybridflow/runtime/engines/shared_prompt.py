@@ -27,7 +27,7 @@ from ...capabilities import SHARED_PROMPT_REFERENCE_WIDTH as REFERENCE_WIDTH
 from ...capabilities import shared_prompt_threshold
 from .sequence import position_ids_from_mask, response_attention
 
-__all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "min_saved_positions", "prompt_groups",
+__all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "dropout_active", "min_saved_positions", "prompt_groups",
            "shared_response_hidden"]
 
 def min_saved_positions(hidden: int | None) -> int:
@@ -65,7 +65,9 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     return first, inverse
 
 
-def _dropout_active(backbone: torch.nn.Module) -> bool:
+def dropout_active(backbone: torch.nn.Module) -> bool:
+    """Whether a forward of ``backbone`` in its current mode drops out (a dropout module or config rate above 0, in
+    training mode): rows that run together would then not compute what each would alone."""
     if not backbone.training:
         return False
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in backbone.modules()):
@@ -81,7 +83,7 @@ def shared_response_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, 
     Same layout and meaning as :func:`~.sequence.response_hidden` on
     :func:`~.sequence.join_prompt_response`'s inputs (see the module docstring for when it applies).
     """
-    if response_ids.shape[-1] < 1 or _dropout_active(backbone):
+    if response_ids.shape[-1] < 1 or dropout_active(backbone):
         return None
     groups = prompt_groups(prompt_ids, prompt_mask)
     hidden = getattr(getattr(backbone, "config", None), "hidden_size", None)
