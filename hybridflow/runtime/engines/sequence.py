@@ -74,7 +74,8 @@ def response_hidden(backbone: torch.nn.Module, inputs: ModelInputs, prompt_len: 
     """Last-layer hidden states of the states before each response token.
 
     Runs ``backbone`` (a transformers base model: ``LlamaModel``, ``Qwen2Model``, ...)
-    without a KV cache, by :func:`~.lean_forward.lean_hidden` where it applies. Shapes: -> ``(b, R, h)`` = hidden positions ``P-1 .. P+R-2``.
+    without a KV cache, by :func:`~.lean_forward.lean_hidden` where it applies (with gradients on,
+    its states at padding positions are then 0). Shapes: -> ``(b, R, h)`` = hidden positions ``P-1 .. P+R-2``.
     """
     from .lean_forward import lean_forward_applies, lean_hidden
 

@@ -11,8 +11,9 @@ the backbone's work falls from ``64 x 8`` to ``8 x 5 + 64 x 3`` token positions.
 
 The result equals :func:`~.sequence.response_hidden` on the joined rows up to float
 summation order (``tests/runtime/engines/test_shared_prompt.py`` compares values and
-gradients). It applies only where it is exact: the model's own forward with a
-``DynamicCache`` (any architecture transformers caches), and no dropout active in
+gradients). The backbone calls are :func:`~.lean_forward.lean_hidden`'s where that applies
+(Llama-family backbones), else the model's own forward with a ``DynamicCache``. It applies only
+where it is exact: a model transformers caches (or the lean path drives), and no dropout active in
 training mode (the copies would share one dropout mask), and where it saves at least
 :func:`min_saved_positions` prompt positions (:data:`MIN_SAVED_POSITIONS` at width 256, fewer
 for wider models, more for narrower ones). Otherwise it returns None and the caller runs the
