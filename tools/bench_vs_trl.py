@@ -330,7 +330,7 @@ def speed(args) -> dict:
         name, _, variant = extra.partition("=")
         sides[name] = (sys.executable, "hybridflow_runner.py", {**quick, **json.loads(variant or "{}")}, ROOT)
     base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
-                     group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
+                     group=args.group, lr=args.lr, eval_every=0, threads=args.threads,
                      max_new_tokens=args.new_tokens)
     rounds: dict[str, list[list[dict]]] = {side: [] for side in sides}  # each round's step records
     per_round: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}  # (CPU s/step, load average)

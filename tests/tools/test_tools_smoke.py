@@ -363,6 +363,22 @@ def test_hybridflow_runner_records_a_run(recorded_run):
 
 
 @pytest.mark.xdist_group("tools-bench-trl")
+def test_hybridflow_runner_with_eval_every_0_evaluates_nothing(recorded_run, tmp_path):
+    # the speed mode's setting: no greedy evaluation before, during or after the timed steps
+    runner = tool("bench_trl/hybridflow_runner.py")
+    config = runner.RunConfig(model_dir=recorded_run.model_dir, out=str(tmp_path / "run.json"), steps=1, prompts=2,
+                              group=2, eval_every=0)
+    config.save(tmp_path / "run.config.json")
+    threads = torch.get_num_threads()
+    try:
+        runner.main([str(tmp_path / "run.config.json")])
+    finally:
+        torch.set_num_threads(threads)
+    record = json.loads(Path(config.out).read_text())
+    assert len(record["steps"]) == 1 and record["evals"] == []
+
+
+@pytest.mark.xdist_group("tools-bench-trl")
 def test_bench_vs_trl_learn_summarises_hybridflows_side(recorded_run, tmp_path, capsys):
     """``learn --sides hybridflow`` on a folder holding the model and the run's record (records that exist are
     reused, as after an interrupted study): the per-seed table, the summary over seeds, summary.json."""
