@@ -57,6 +57,8 @@ generated response token, peak RSS of the run's process, and ratios to TRL (wall
 Disturbed runs: each round's median wall/CPU ratio is printed beside its CPU s/step and load
 average; with one thread a round above 1.3 (its process was kept off its core by others) is
 flagged and left out of the medians, unless every round of that side was (tools/bench_trl/speed_table.py).
+``--baseline-tree DIR`` (another checkout, e.g. of main) adds its runner and package as the sides
+``baseline`` and ``baseline_noskip``, run in the same rounds: a change's before and after, interleaved.
 
 Equal work: the two sides sample different responses, and once they train their response lengths
 drift apart (the step's cost grows with them), so at the default learning rate the per-step ratio
@@ -107,9 +109,9 @@ from trl_venv import TRL_VENV, TRL_VERSION, ensure_trl_venv, missing_trl  # noqa
 
 # ----------------------------------------------------------------------------- running
 
-def _env(threads: int) -> dict:
+def _env(threads: int, root: Path = ROOT) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(root)}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
 
@@ -124,16 +126,19 @@ def make_model(path: Path, seed: int, threads: int, size: str = "tiny", lengths:
     return path
 
 
-def run_side(python: str, runner: str, cfg: RunConfig, fresh: bool) -> dict:
-    """One run of one side (skipped when its record exists, unless fresh); returns the record."""
+def run_side(python: str, runner: str, cfg: RunConfig, fresh: bool, root: Path = ROOT) -> dict:
+    """One run of one side (skipped when its record exists, unless fresh); returns the record.
+
+    ``root``: the hybridflow checkout whose runner (``root/tools/bench_trl/runner``) and package run it.
+    """
     out = Path(cfg.out)
     if fresh or not out.exists():
         cfg_path = out.with_suffix(".config.json")
         cfg.save(cfg_path)
         log = out.with_suffix(".log")
         with open(log, "w") as sink:
-            done = subprocess.run([python, str(RUNNERS / runner), str(cfg_path)], env=_env(cfg.threads), stdout=sink,
-                                  stderr=subprocess.STDOUT)
+            done = subprocess.run([python, str(root / RUNNERS.relative_to(ROOT) / runner), str(cfg_path)],
+                                  env=_env(cfg.threads, root), stdout=sink, stderr=subprocess.STDOUT)
         if done.returncode != 0:
             raise SystemExit(f"{runner} failed (exit {done.returncode}); see {log}")
     return json.loads(out.read_text())
@@ -299,6 +304,10 @@ def learn_streams(args, sides: dict, base: RunConfig, out: Path, tag: str) -> di
 def speed(args) -> dict:
     import tempfile
 
+    tree = Path(args.baseline_tree).resolve() if args.baseline_tree else None
+    if tree is not None and not (tree / RUNNERS.relative_to(ROOT) / "hybridflow_runner.py").exists():
+        raise SystemExit(f"--baseline-tree {tree} is not a hybridflow checkout (no tools/bench_trl/hybridflow_runner.py); "
+                         "make one with e.g. 'git worktree add /tmp/base main'")
     trl_python = str(ensure_trl_venv(Path(args.trl_venv), args.make_trl_venv))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -310,24 +319,28 @@ def speed(args) -> dict:
     peak = matmul_peak(args.threads)
     # the steps are timed, not the start-up: calibration (it feeds the plan's predicted times) is left out
     quick = {"config": {"calibrate": False}}
-    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", quick),
-             "hybridflow_noskip": (sys.executable, "hybridflow_runner.py",
-                                   {**quick, "train": {"skip_vanishing_rows": False}}),
-             "trl": (trl_python, "trl_runner.py", {})}
+    noskip = {**quick, "train": {"skip_vanishing_rows": False}}
+    sides = {"hybridflow": (sys.executable, "hybridflow_runner.py", quick, ROOT),
+             "hybridflow_noskip": (sys.executable, "hybridflow_runner.py", noskip, ROOT),
+             "trl": (trl_python, "trl_runner.py", {}, ROOT)}
+    if tree is not None:  # another checkout's runner and package, in the same rounds: a change's before and after
+        sides.update(baseline=(sys.executable, "hybridflow_runner.py", quick, tree),
+                     baseline_noskip=(sys.executable, "hybridflow_runner.py", noskip, tree))
     for extra in args.extra_side:  # NAME=JSON: one more hybridflow side with these variant switches
         name, _, variant = extra.partition("=")
-        sides[name] = (sys.executable, "hybridflow_runner.py", {**quick, **json.loads(variant or "{}")})
+        sides[name] = (sys.executable, "hybridflow_runner.py", {**quick, **json.loads(variant or "{}")}, ROOT)
     base = RunConfig(model_dir=str(model_dir), out="", seed=args.seed, steps=args.steps, prompts=args.prompts,
-                     group=args.group, lr=args.lr, eval_every=10**9, threads=args.threads,
+                     group=args.group, lr=args.lr, eval_every=0, threads=args.threads,
                      max_new_tokens=args.new_tokens)
     rounds: dict[str, list[list[dict]]] = {side: [] for side in sides}  # each round's step records
     per_round: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}  # (CPU s/step, load average)
     rss: dict[str, float] = {side: 0.0 for side in sides}
     with tempfile.TemporaryDirectory(dir=out) as scratch:
         for r in range(args.rounds):
-            for side, (python, runner, variant) in sides.items():
+            for side, (python, runner, variant, root) in sides.items():
                 print(f"round {r + 1}: {side} ...", flush=True)
-                record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True)
+                record = run_side(python, runner, replace(base, variant=variant, out=f"{scratch}/{side}_{r}.json"), True,
+                                  root)
                 rounds[side].append(record["steps"][args.skip:])
                 per_round[side].append((statistics.median(s.get("cpu_s", s["time_s"]) for s in record["steps"][args.skip:]),
                                         os.getloadavg()[0]))
@@ -453,6 +466,9 @@ def main(argv=None) -> dict | None:
     p.add_argument("--extra-side", action="append", default=[], metavar="NAME=JSON",
                    help="another hybridflow side with these runner variant switches, e.g. "
                         "'joined={\"joined_forward\": true}' (repeatable)")
+    p.add_argument("--baseline-tree", metavar="DIR", help="another hybridflow checkout (e.g. 'git worktree add /tmp/base "
+                   "main'): its runner and package run as the sides baseline and baseline_noskip in the same rounds, "
+                   "so a change's before and after are measured together")
     p.add_argument("--out", default="runs/bench_vs_trl", help="output folder")
     p.add_argument("--trl-venv", default=str(TRL_VENV), help="the side environment with TRL")
     p.add_argument("--make-trl-venv", action="store_true", help="make --trl-venv if it has no TRL (pip downloads it)")

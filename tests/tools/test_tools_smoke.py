@@ -334,6 +334,13 @@ def test_bench_vs_trl_without_trl_says_what_to_install(mode, tmp_path, capsys):
     assert not any(out.rglob("model*")), "no model folder is made before TRL is found"
 
 
+def test_bench_vs_trl_speed_refuses_a_baseline_tree_that_is_no_checkout(tmp_path, capsys):
+    out = tmp_path / "out"
+    message, _, _ = exits("bench_vs_trl.py", ["speed", "--baseline-tree", str(tmp_path), "--out", str(out)], capsys)
+    assert f"--baseline-tree {tmp_path} is not a hybridflow checkout" in message and "git worktree add" in message
+    assert not out.exists(), "nothing is run or made before the baseline checkout is found"
+
+
 # ----------------------------------------------------------------------------- hybridflow's side of bench_vs_trl
 
 @pytest.fixture(scope="module")
@@ -360,6 +367,22 @@ def test_hybridflow_runner_records_a_run(recorded_run):
     assert record["steps"][0]["grad_norm"] >= 0 and len(record["steps"][0]["prompts"]) == 2
     assert [e["step"] for e in record["evals"]] == [0, 1]
     assert all(0 <= e["greedy_accuracy"] <= 1 for e in record["evals"])
+
+
+@pytest.mark.xdist_group("tools-bench-trl")
+def test_hybridflow_runner_with_eval_every_0_evaluates_nothing(recorded_run, tmp_path):
+    # the speed mode's setting: no greedy evaluation before, during or after the timed steps
+    runner = tool("bench_trl/hybridflow_runner.py")
+    config = runner.RunConfig(model_dir=recorded_run.model_dir, out=str(tmp_path / "run.json"), steps=1, prompts=2,
+                              group=2, eval_every=0)
+    config.save(tmp_path / "run.config.json")
+    threads = torch.get_num_threads()
+    try:
+        runner.main([str(tmp_path / "run.config.json")])
+    finally:
+        torch.set_num_threads(threads)
+    record = json.loads(Path(config.out).read_text())
+    assert len(record["steps"]) == 1 and record["evals"] == []
 
 
 @pytest.mark.xdist_group("tools-bench-trl")

@@ -57,7 +57,8 @@ class RunConfig:
     clip: float = 0.2
     """PPO clip range, both sides."""
     eval_every: int = 25
-    """Greedy accuracy on all 100 prompts every this many steps (and at step 0)."""
+    """Greedy accuracy on all 100 prompts every this many steps (and at step 0 and the last step); 0: never (the
+    speed mode: evaluation is no part of a timed step, and on the 100M model each one costs minutes)."""
     threads: int = 1
     """torch threads of the runner process."""
     variant: dict = field(default_factory=dict)

@@ -186,6 +186,8 @@ def run(cfg: RunConfig) -> None:
         """GRPO whose validation is the shared greedy evaluation (common.greedy_accuracy)."""
 
         def validate(self):
+            if cfg.eval_every == 0:  # no evaluation (before and after training included)
+                return {}
             acc = greedy_accuracy(self.policy_model(), tokenizer, rows, cfg.max_new_tokens)
             evals.append({"step": self.step, "greedy_accuracy": acc})
             return {"val/score/greedy": acc}

@@ -86,6 +86,8 @@ def run(cfg: RunConfig) -> None:
         started = started_cpu = 0.0
 
         def on_train_begin(self, args, state, control, model=None, **kw):
+            if cfg.eval_every == 0:  # no evaluation
+                return
             evals.append({"step": 0, "greedy_accuracy": greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)})
 
         def on_step_begin(self, args, state, control, **kw):
@@ -96,7 +98,7 @@ def run(cfg: RunConfig) -> None:
             elapsed, cpu = time.perf_counter() - self.started, time.process_time() - self.started_cpu
             steps.append({"step": state.global_step, "time_s": elapsed, "cpu_s": cpu, "gen_s": generation_clock[0],
                           "gen_cpu_s": generation_clock[1], "prompts": step_prompts[-1] if step_prompts else None})
-            if state.global_step % cfg.eval_every == 0 or state.global_step == cfg.steps:
+            if cfg.eval_every and (state.global_step % cfg.eval_every == 0 or state.global_step == cfg.steps):
                 acc = greedy_accuracy(model, tokenizer, rows, cfg.max_new_tokens)
                 evals.append({"step": state.global_step, "greedy_accuracy": acc})
 

@@ -50,7 +50,8 @@ import torch.nn.functional as F
 
 from .sequence import position_ids_from_mask
 
-__all__ = ["LEAN_MODEL_TYPES", "ROW_BLOCK", "LeanStepper", "lean_stepper", "supports_lean"]
+__all__ = ["LEAN_MODEL_TYPES", "ROW_BLOCK", "LeanStepper", "lean_stepper", "rms_norm", "rotary_tables", "rotate",
+           "supports_lean", "supports_lean_backbone"]
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layers have the structure driven here."""
@@ -78,29 +79,41 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplie
 def supports_lean(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a Llama-family causal LM this path drives exactly (else: the transformers loop)."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
+    if config is None or any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
         return False
-    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+    backbone, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if backbone is None or not isinstance(head, torch.nn.Linear):
+        return False
+    if any(m._forward_hooks or m._forward_pre_hooks for m in (model, head)):
+        return False  # a hook changes what the model's forward computes: only the forward itself is exact
+    return supports_lean_backbone(backbone)  # the backbone's modules and the global hooks
+
+
+def supports_lean_backbone(backbone: torch.nn.Module) -> bool:
+    """Whether ``backbone`` (a Llama-family base model: ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``) has
+    the structure and settings the lean paths drive exactly (:mod:`.lean_forward` too), and no hooks."""
+    config = getattr(backbone, "config", None)
+    if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
         return False
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return False  # sliding-window layers
     if getattr(config, "use_sliding_window", False) or getattr(config, "pretraining_tp", 1) not in (None, 1):
         return False
-    if getattr(getattr(model, "model", None), "rotary_emb", None) is not None and \
-            getattr(model.model.rotary_emb, "rope_type", "default") in _POSITION_DEPENDENT_ROPE:
-        return False  # its frequencies depend on the longest position of a call: only the model's own loop matches
-    if _has_hooks(model):
-        return False  # a hook changes what the model's forward computes: only the forward itself is exact
-    backbone = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if backbone is None or not all(hasattr(backbone, name) for name in needed) or not hasattr(model, "lm_head"):
+    if not all(hasattr(backbone, name) for name in needed):
         return False
+    if getattr(backbone.rotary_emb, "rope_type", "default") in _POSITION_DEPENDENT_ROPE:
+        return False  # its frequencies depend on the longest position of a call: only the model's own loop matches
+    if _has_hooks(backbone):
+        return False  # a hook changes what the model's forward computes: only the forward itself is exact
     layer = backbone.layers[0]
     norms = (layer.input_layernorm, layer.post_attention_layernorm, backbone.norm)
     if not all(hasattr(norm, "weight") and hasattr(norm, "variance_epsilon") for norm in norms):
         return False
-    projections = [getattr(layer.self_attn, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    return all(isinstance(p, torch.nn.Linear) for p in projections + [model.lm_head]) and all(
+    # every layer's projections plain Linear modules (an adapter such as a LoRA layer on any of them: the forward)
+    projections = [getattr(each.self_attn, name, None) for each in backbone.layers
+                   for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    return all(isinstance(p, torch.nn.Linear) for p in projections) and all(
         hasattr(layer.self_attn, name) for name in ("head_dim", "scaling"))
 
 
@@ -158,7 +171,7 @@ class LeanStepper:
         prompt_positions = position_ids_from_mask(mask)
         later = prompt_positions[:, -1:] + 1 + torch.arange(max(steps, 1), device=mask.device)
         # one call for the prompt's positions and the decoded ones (element-wise: the same numbers)
-        cos, sin = _rotary_tables(*backbone.rotary_emb(self.embed[:1, None].expand(b, -1, -1),
+        cos, sin = rotary_tables(*backbone.rotary_emb(self.embed[:1, None].expand(b, -1, -1),
                                                        torch.cat([prompt_positions, later], dim=-1)))
         prompt_cos, prompt_sin = cos[:, :, :p], sin[:, :, :p]
         self.cos, self.sin = cos[rows, :, p:], sin[rows, :, p:]
@@ -184,8 +197,8 @@ class LeanStepper:
         heads, rotated = self.heads, self.heads + self.kv_heads
         cast = self.cast
         for (norm1, qkv_proj, o_proj, norm2, mlp), kb, vb in zip(self.plan, self.keys, self.values):
-            qkv = F.linear(_rms_norm(h, *norm1, cast), *qkv_proj).view(b, q_len, -1, d).transpose(1, 2)
-            qk = _rotate(qkv[:, :rotated], cos, sin)  # q and k in one go: the same element-wise arithmetic
+            qkv = F.linear(rms_norm(h, *norm1, cast), *qkv_proj).view(b, q_len, -1, d).transpose(1, 2)
+            qk = rotate(qkv[:, :rotated], cos, sin)  # q and k in one go: the same element-wise arithmetic
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, rotated:]
             if rows is None:
                 kb[:, :, start:stop] = k
@@ -197,8 +210,8 @@ class LeanStepper:
                 keys, values = k, v
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.gqa)
             h = h + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), *o_proj)
-            h = h + mlp(_rms_norm(h, *norm2, cast))
-        return F.linear(_rms_norm(h[:, -1], *self.final_norm, cast), *self.lm_head)
+            h = h + mlp(rms_norm(h, *norm2, cast))
+        return F.linear(rms_norm(h[:, -1], *self.final_norm, cast), *self.lm_head)
 
     def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
         """Feed ``token`` ``(B,)`` as step ``t``'s input (``alive``: rows attended from now on) -> logits ``(B, V)``.
@@ -249,7 +262,7 @@ def _row_invariant(rows: int) -> bool:
     return rows % ROW_BLOCK == 0 or rows >= _INVARIANT_ROWS
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = True) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = True) -> torch.Tensor:
     """Llama's RMSNorm, the same operations in the same order: ``w * (x / sqrt(mean(x^2) + eps))``, in float32.
 
     ``cast=False`` (a float32 model): the two casts, which change nothing there, are left out.
@@ -259,14 +272,14 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast: bool = Tr
     return weight * (xf.to(x.dtype) if cast else xf)
 
 
-def _rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(b, s, d)`` tables -> ``(b, 1, s, d)`` ones for :func:`_rotate`, ``sin`` with its first half negated."""
+def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b, s, d)`` tables -> ``(b, 1, s, d)`` ones for :func:`rotate`, ``sin`` with its first half negated."""
     half = sin.shape[-1] // 2
     signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
     return cos.unsqueeze(1), signed.unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Llama's rotary embedding ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``.
 
     ``cat(-x2, x1) * cat(s1, s2)`` is ``cat(x2, x1) * cat(-s1, s2)`` to the bit (a product's sign

@@ -74,8 +74,15 @@ def response_hidden(backbone: torch.nn.Module, inputs: ModelInputs, prompt_len: 
     """Last-layer hidden states of the states before each response token.
 
     Runs ``backbone`` (a transformers base model: ``LlamaModel``, ``Qwen2Model``, ...)
-    without a KV cache. Shapes: -> ``(b, R, h)`` = hidden positions ``P-1 .. P+R-2``.
+    without a KV cache, by :func:`~.lean_forward.lean_hidden` where it applies (with gradients on,
+    its states at padding positions are then 0). Shapes: -> ``(b, R, h)`` = hidden positions ``P-1 .. P+R-2``.
     """
+    from .lean_forward import lean_forward_applies, lean_hidden
+
+    if lean_forward_applies(backbone):  # the same states without the framework's per-call work
+        hidden, _ = lean_hidden(backbone, inputs.input_ids, inputs.attention_mask, inputs.position_ids,
+                                valid_only=torch.is_grad_enabled())
+        return hidden[:, prompt_len - 1:]
     out = backbone(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                    position_ids=inputs.position_ids, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]

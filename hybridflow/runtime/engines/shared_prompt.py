@@ -11,8 +11,9 @@ the backbone's work falls from ``64 x 8`` to ``8 x 5 + 64 x 3`` token positions.
 
 The result equals :func:`~.sequence.response_hidden` on the joined rows up to float
 summation order (``tests/runtime/engines/test_shared_prompt.py`` compares values and
-gradients). It applies only where it is exact: the model's own forward with a
-``DynamicCache`` (any architecture transformers caches), and no dropout active in
+gradients). The backbone calls are :func:`~.lean_forward.lean_hidden`'s where that applies
+(Llama-family backbones), else the model's own forward with a ``DynamicCache``. It applies only
+where it is exact: a model transformers caches (or the lean path drives), and no dropout active in
 training mode (the copies would share one dropout mask), and where it saves at least
 :func:`min_saved_positions` prompt positions (:data:`MIN_SAVED_POSITIONS` at width 256, fewer
 for wider models, more for narrower ones). Otherwise it returns None and the caller runs the
@@ -27,7 +28,7 @@ from ...capabilities import SHARED_PROMPT_REFERENCE_WIDTH as REFERENCE_WIDTH
 from ...capabilities import shared_prompt_threshold
 from .sequence import position_ids_from_mask, response_attention
 
-__all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "min_saved_positions", "prompt_groups",
+__all__ = ["MIN_SAVED_POSITIONS", "REFERENCE_WIDTH", "dropout_active", "min_saved_positions", "prompt_groups",
            "shared_response_hidden"]
 
 def min_saved_positions(hidden: int | None) -> int:
@@ -65,7 +66,9 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     return first, inverse
 
 
-def _dropout_active(backbone: torch.nn.Module) -> bool:
+def dropout_active(backbone: torch.nn.Module) -> bool:
+    """Whether a forward of ``backbone`` in its current mode drops out (a dropout module or config rate above 0, in
+    training mode): rows that run together would then not compute what each would alone."""
     if not backbone.training:
         return False
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in backbone.modules()):
@@ -81,12 +84,16 @@ def shared_response_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, 
     Same layout and meaning as :func:`~.sequence.response_hidden` on
     :func:`~.sequence.join_prompt_response`'s inputs (see the module docstring for when it applies).
     """
-    if response_ids.shape[-1] < 1 or _dropout_active(backbone):
+    if response_ids.shape[-1] < 1 or dropout_active(backbone):
         return None
     groups = prompt_groups(prompt_ids, prompt_mask)
     hidden = getattr(getattr(backbone, "config", None), "hidden_size", None)
     if groups is None or (prompt_ids.shape[0] - len(groups[0])) * prompt_ids.shape[-1] < min_saved_positions(hidden):
         return None
+    from .lean_forward import lean_forward_applies, lean_shared_hidden
+
+    if lean_forward_applies(backbone):  # the same states without the framework's per-call work
+        return lean_shared_hidden(backbone, prompt_ids, prompt_mask, response_ids, response_mask, groups)
     from .decode import cache_keyword, new_cache
 
     first, inverse = groups

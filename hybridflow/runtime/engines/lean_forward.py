@@ -1,0 +1,154 @@
+"""The train engine's forward for Llama-family models without transformers' per-call framework work.
+
+On small models a training step's forward and backward cost is mostly per-op and Python work,
+not arithmetic: a transformers backbone call builds its causal mask (``create_causal_mask``),
+runs output-capturing and deprecation decorators, a ``DynamicCache`` and the attention
+interface's dispatch for every layer. :func:`lean_hidden` is one backbone call (optionally on top
+of cached keys/values) computed on the model's own parameters, with gradients, by the operations
+:mod:`.lean_decode` drives; :func:`~.sequence.response_hidden` (joined rows) and
+:func:`~.shared_prompt.shared_response_hidden` (each distinct prompt once, :func:`lean_shared_hidden`)
+use it where it applies:
+
+- the model's ``embed_tokens`` module (its ``padding_idx`` keeps the padding row's gradient 0),
+- per layer: RMSNorm inlined, ``q/k/v_proj`` as one matmul on their concatenated weights (a
+  differentiable ``torch.cat``, so each projection's gradient is its block of the joint one),
+  the Llama rotary embedding on q and k together, scaled dot-product attention under one bool
+  mask built once per call, ``o_proj``, residual, RMSNorm, the gated MLP with ``gate/up_proj``
+  as one matmul, residual; then the final norm.
+
+The attention mask is the model's: a query attends to the valid keys up to itself (a padding
+position after a response's end too, so its state is the model's as well); a query with no valid
+key up to it (a left-padded prompt's padding, whose state no other position reads) attends to
+every key up to itself, so that its state stays finite. So the states and every gradient are the
+model's up to float summation order. With gradients on (an update, whose losses read no padding
+state) the projections, MLPs and norms of a call run on its valid positions alone, packed
+(``valid_only``), attention on a zero-padded copy of q/k/v: on GRPO batches, where responses end
+at different lengths, that skips the padding's share of the work, the valid states and gradients
+unchanged (``tests/runtime/engines/test_lean_forward.py`` compares states and gradients with the
+transformers forward).
+
+It applies where :func:`~.lean_decode.supports_lean_backbone` holds (the architectures and
+settings the lean decode drives, no hooks), outside autocast (the model's own forward decides the casts
+there), with no dropout active, and without gradient checkpointing; elsewhere
+:func:`lean_forward_applies` is False and the callers run the model's forward.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .lean_decode import rms_norm, rotary_tables, rotate, supports_lean_backbone
+from .sequence import position_ids_from_mask, response_attention
+
+__all__ = ["lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
+
+
+def lean_forward_applies(backbone: torch.nn.Module) -> bool:
+    """Whether :func:`lean_hidden` computes ``backbone``'s states exactly (see the module docstring)."""
+    from .shared_prompt import dropout_active
+
+    embed = getattr(backbone, "embed_tokens", None)
+    if embed is None or torch.is_autocast_enabled(embed.weight.device.type):
+        return False
+    if getattr(backbone, "gradient_checkpointing", False) or dropout_active(backbone):
+        return False
+    return supports_lean_backbone(backbone)
+
+
+def lean_shared_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                       response_ids: torch.Tensor, response_mask: torch.Tensor,
+                       groups: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """:func:`~.shared_prompt.shared_response_hidden`'s states ``(b, R, h)`` by :func:`lean_hidden`.
+
+    Shapes: prompt_ids, prompt_mask ``(b, P)`` left-padded; response_ids, response_mask ``(b, R)``;
+    ``groups``: ``(first, inverse)`` of :func:`~.shared_prompt.prompt_groups`. The distinct prompts
+    run once; their keys/values are repeated to the rows of each group (``index_select``: the
+    copies' gradients add up), and the fed response tokens of every row attend to them.
+    """
+    first, inverse = groups
+    unique_mask = prompt_mask[first].long()
+    hidden, cache = lean_hidden(backbone, prompt_ids[first].long(), unique_mask, position_ids_from_mask(unique_mask))
+    prompt_last = hidden[:, -1:].index_select(0, inverse)
+    if response_ids.shape[-1] == 1:
+        return prompt_last
+    cache = [(k.index_select(0, inverse), v.index_select(0, inverse)) for k, v in cache]
+    mask = torch.cat([prompt_mask.long(), response_attention(response_mask)[:, :-1]], dim=-1)
+    positions = position_ids_from_mask(mask)[:, prompt_ids.shape[-1]:]
+    hidden, _ = lean_hidden(backbone, response_ids[:, :-1].long(), mask, positions, cache,
+                            valid_only=torch.is_grad_enabled())
+    return torch.cat([prompt_last, hidden], dim=1)
+
+
+def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None, *, valid_only: bool = False
+                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A backbone call: ``ids`` ``(b, Q)`` at ``positions`` ``(b, Q)`` after ``cache`` (``K`` positions a layer, or None).
+
+    ``mask`` ``(b, K + Q)``: 1 at valid keys (the cached ones first). Returns the final-normed
+    states ``(b, Q, h)`` and each layer's keys and values ``(b, kv_heads, K + Q, head_dim)``.
+    ``valid_only``: the projections, MLPs and norms run on the valid positions alone (packed, one
+    host sync), which attention reads through a zero-padded copy of q/k/v; the states at padding
+    positions are then 0, and their keys and values 0 (no valid query attends to them). For an
+    update, whose losses read no padding state: the same valid states and gradients, less work.
+    """
+    b, q_len = ids.shape
+    packed = mask[:, -q_len:].reshape(-1).nonzero().squeeze(-1) if valid_only else None  # (M,) the valid positions
+    h = backbone.embed_tokens(ids if packed is None else ids.reshape(-1).index_select(0, packed))
+    attention = backbone.layers[0].self_attn
+    d, scaling = attention.head_dim, attention.scaling
+    heads, kv_heads = attention.config.num_attention_heads, attention.config.num_key_value_heads
+    rotated = heads + kv_heads
+    cast = h.dtype != torch.float32
+    cos, sin = rotary_tables(*backbone.rotary_emb(h, positions))
+    valid = mask.bool()
+    past = valid.shape[-1] - q_len
+    causal = torch.ones((q_len, past + q_len), dtype=torch.bool, device=ids.device).tril(past)
+    allowed = causal & valid[:, None, :]  # (b, Q, K + Q): the valid keys up to each query, as the model's mask
+    allowed = (allowed | (causal & ~allowed.any(-1, keepdim=True)))[:, None]  # no valid key at all: every key up to it
+    out_cache = []
+    for index, layer in enumerate(backbone.layers):
+        attn = layer.self_attn
+        qkv_weight, qkv_bias = _joined(attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = F.linear(rms_norm(h, *_norm(layer.input_layernorm), cast), qkv_weight, qkv_bias)
+        if packed is not None:  # (M, ...) -> (b * Q, ...) with zeros at padding, attention's dense layout
+            qkv = qkv.new_zeros(b * q_len, qkv.shape[-1]).index_copy(0, packed, qkv)
+        qkv = qkv.view(b, q_len, -1, d).transpose(1, 2)
+        # split, not slices: a split's backward joins the parts' gradients, where each slice's would zero a full-size one
+        qk, v = qkv.split([rotated, kv_heads], dim=1)
+        q, k = rotate(qk, cos, sin).split([heads, kv_heads], dim=1)
+        if cache is not None:
+            k, v = torch.cat([cache[index][0], k], dim=2), torch.cat([cache[index][1], v], dim=2)
+        out_cache.append((k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling, enable_gqa=heads != kv_heads)
+        out = out.transpose(1, 2).reshape(b, q_len, -1)
+        if packed is not None:
+            out = out.reshape(b * q_len, -1).index_select(0, packed)
+        h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        h = h + _mlp(layer.mlp, rms_norm(h, *_norm(layer.post_attention_layernorm), cast))
+    h = rms_norm(h, *_norm(backbone.norm), cast)
+    if packed is not None:
+        h = h.new_zeros(b * q_len, h.shape[-1]).index_copy(0, packed, h).view(b, q_len, -1)
+    return h, out_cache
+
+
+def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    return module.weight, float(module.variance_epsilon)
+
+
+def _joined(*layers: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One ``(weight, bias)`` for ``layers`` side by side (differentiable): one matmul gives each layer's outputs."""
+    weight = torch.cat([layer.weight for layer in layers])
+    if all(layer.bias is None for layer in layers):
+        return weight, None
+    return weight, torch.cat([layer.bias if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
+                              for layer in layers])
+
+
+def _mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The gated MLP ``down(act(gate(x)) * up(x))`` with gate and up as one matmul (a non-gated MLP: the module)."""
+    if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+        return module(x)
+    width = module.gate_proj.out_features
+    gate, up = F.linear(x, *_joined(module.gate_proj, module.up_proj)).split(width, dim=-1)
+    act = F.silu if type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation" else module.act_fn
+    return F.linear(act(gate) * up, module.down_proj.weight, module.down_proj.bias)

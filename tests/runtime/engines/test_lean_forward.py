@@ -1,0 +1,155 @@
+"""The lean train forward: the transformers backbone's states and gradients, and the transformers forward where it cannot be exact."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.data.tiny import make_tiny_model
+from hybridflow.runtime.engines.lean_forward import lean_forward_applies, lean_hidden, lean_shared_hidden
+from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
+from hybridflow.runtime.engines.shared_prompt import prompt_groups, shared_response_hidden
+
+FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+
+def _batch(width: int, groups: int = 3, n: int = 4, p: int = 6, seed: int = 1) -> dict:
+    """``groups`` left-padded prompts (row 0 unpadded, row 2 padded to a single token) x ``n`` responses of lengths 1..width."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(groups, p, dtype=torch.long)
+    mask[1, :2] = 0
+    mask[2, :p - 1] = 0
+    ids = torch.randint(4, 20, (groups, p), generator=g) * mask
+    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+    b = groups * n
+    lengths = torch.randint(1, width + 1, (b,), generator=g)
+    lengths[0] = width
+    response_mask = (torch.arange(width)[None] < lengths[:, None]).float()
+    return {"prompt_ids": ids, "prompt_mask": mask, "response_mask": response_mask,
+            "response_ids": torch.randint(4, 20, (b, width), generator=g) * response_mask.long()}
+
+
+def _transformers_states(backbone, fields) -> torch.Tensor:
+    """The backbone's own forward on the joined rows: the reference (the states before each response token)."""
+    inputs = join_prompt_response(*fields)
+    out = backbone(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, position_ids=inputs.position_ids,
+                   use_cache=False)
+    return out.last_hidden_state[:, fields[0].shape[-1] - 1:]
+
+
+def _states_and_gradients(model, states_of, fields, valid) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    hidden = states_of(model.base_model, fields)
+    weights = torch.linspace(-1, 1, hidden.shape[-1])
+    (hidden[valid] * weights).sum().backward()
+    return hidden[valid].detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same(result, reference) -> None:
+    (states, grads), (ref_states, ref_grads) = result, reference
+    torch.testing.assert_close(states, ref_states, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and len(grads) > 0
+    for name, grad in ref_grads.items():
+        scale = float(grad.abs().max())  # the float error of a gradient's sum grows with its terms
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5 * max(scale, 1e-3)), name
+
+
+@pytest.mark.parametrize("arch, kv_heads", [("qwen2", 2), ("llama", 4), ("llama", 2)])
+@pytest.mark.parametrize("width", [1, 5])
+def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(arch, kv_heads, width):
+    torch.manual_seed(0)
+    model = make_tiny_model(arch, vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=kv_heads).train()
+    batch = _batch(width)
+    fields = [batch[k] for k in FIELDS]
+    valid = batch["response_mask"].bool()
+    assert lean_forward_applies(model.base_model)
+    reference = _states_and_gradients(model, _transformers_states, fields, valid)
+    joined = _states_and_gradients(model, lambda backbone, f: response_hidden(
+        backbone, join_prompt_response(*f), f[0].shape[-1]), fields, valid)
+    shared = _states_and_gradients(model, lambda backbone, f: lean_shared_hidden(
+        backbone, *f, prompt_groups(f[0], f[1])), fields, valid)
+    _assert_same(joined, reference)
+    _assert_same(shared, reference)
+    # the embedding's padding row gets no gradient, as nn.Embedding's padding_idx has it
+    assert float(shared[1]["model.embed_tokens.weight"][model.config.pad_token_id].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_without_gradients_every_state_is_the_transformers_one(shared):
+    # compute_log_probs returns every response position, past a response's end too: there the states are the
+    # model's as well (with gradients, in an update, only the valid positions are computed: the others are 0)
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).eval()
+    batch = _batch(5)
+    fields = [batch[k] for k in FIELDS]
+    backbone = model.base_model
+    if shared:
+        states = lambda: lean_shared_hidden(backbone, *fields, prompt_groups(fields[0], fields[1]))  # noqa: E731
+    else:
+        states = lambda: response_hidden(backbone, join_prompt_response(*fields), fields[0].shape[-1])  # noqa: E731
+    with torch.no_grad():
+        lean, reference = states(), _transformers_states(backbone, fields)
+    torch.testing.assert_close(lean, reference, rtol=1e-5, atol=1e-5)
+    with_grad = states().detach()  # computed with gradients on: the valid positions alone
+    fed = torch.cat([torch.ones(len(fields[0]), 1), batch["response_mask"][:, :-1]], 1).bool()  # state before a token
+    assert float(with_grad[~fed].abs().max()) == 0.0 and float(with_grad[fed].abs().min()) > 0.0
+    torch.testing.assert_close(with_grad[fed], reference[fed], rtol=1e-5, atol=1e-5)
+
+
+def test_a_cached_call_continues_the_states_of_one_call():
+    # lean_hidden on the first positions, then the rest on top of their keys/values: one call's states
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).eval()
+    ids = torch.randint(4, 20, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    whole, _ = lean_hidden(model.base_model, ids, mask, positions)
+    first, cache = lean_hidden(model.base_model, ids[:, :4], mask[:, :4], positions[:, :4])
+    rest, _ = lean_hidden(model.base_model, ids[:, 4:], mask, positions[:, 4:], cache)
+    valid = mask.bool()
+    torch.testing.assert_close(torch.cat([first, rest], 1)[valid], whole[valid], rtol=1e-5, atol=1e-6)
+
+
+def test_the_forward_where_it_is_not_exact_is_the_models_own():
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).train()
+    backbone = model.base_model
+    assert lean_forward_applies(backbone)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not lean_forward_applies(backbone)  # the model's forward decides the casts
+    handle = backbone.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 2)
+    assert not lean_forward_applies(backbone)  # a hook changes what the forward computes
+    batch = _batch(3)
+    fields = [batch[k] for k in FIELDS]
+    valid = batch["response_mask"].bool()
+    torch.testing.assert_close(response_hidden(backbone, join_prompt_response(*fields), 6)[valid],
+                               _transformers_states(backbone, fields)[valid], rtol=0, atol=0)
+    handle.remove()
+    model.config.attention_dropout = 0.1
+    assert not lean_forward_applies(backbone)  # dropout active in train mode
+    assert lean_forward_applies(backbone.eval())
+    model.config.attention_dropout = 0.0
+    backbone.train().gradient_checkpointing = True
+    assert not lean_forward_applies(backbone)
+    backbone.gradient_checkpointing = False
+    model.config.model_type = "gemma"  # an architecture the lean paths do not drive
+    assert not lean_forward_applies(backbone)
+
+
+def test_the_shared_prompt_forward_takes_the_lean_path_where_it_applies(monkeypatch):
+    from hybridflow.runtime.engines import lean_forward
+
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=64, layers=2, heads=4, kv_heads=2).train()
+    batch = _batch(4, groups=8, n=8)
+    fields = [batch[k] for k in FIELDS]
+    calls = []
+    monkeypatch.setattr(lean_forward, "lean_shared_hidden",
+                        lambda *args: calls.append(1) or lean_shared_hidden(*args))
+    lean = shared_response_hidden(model.base_model, *fields)
+    assert calls == [1]
+    monkeypatch.setattr(lean_forward, "lean_forward_applies", lambda backbone: False)
+    own = shared_response_hidden(model.base_model, *fields)  # the DynamicCache path
+    valid = batch["response_mask"].bool()
+    torch.testing.assert_close(lean[valid], own[valid], rtol=1e-5, atol=1e-5)
+
