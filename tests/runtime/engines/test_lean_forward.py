@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_testkit import grouped_batch
 
 from hybridflow.data.tiny import make_tiny_model
 from hybridflow.runtime.engines.lean_forward import lean_forward_applies, lean_hidden, lean_shared_hidden
@@ -12,20 +13,11 @@ from hybridflow.runtime.engines.shared_prompt import prompt_groups, shared_respo
 FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
-def _batch(width: int, groups: int = 3, n: int = 4, p: int = 6, seed: int = 1) -> dict:
+def _batch(width: int, groups: int = 3, n: int = 4, seed: int = 1) -> dict:
     """``groups`` left-padded prompts (row 0 unpadded, row 2 padded to a single token) x ``n`` responses of lengths 1..width."""
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.ones(groups, p, dtype=torch.long)
-    mask[1, :2] = 0
-    mask[2, :p - 1] = 0
-    ids = torch.randint(4, 20, (groups, p), generator=g) * mask
-    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-    b = groups * n
-    lengths = torch.randint(1, width + 1, (b,), generator=g)
-    lengths[0] = width
-    response_mask = (torch.arange(width)[None] < lengths[:, None]).float()
-    return {"prompt_ids": ids, "prompt_mask": mask, "response_mask": response_mask,
-            "response_ids": torch.randint(4, 20, (b, width), generator=g) * response_mask.long()}
+    batch = grouped_batch(width, groups, n, seed, pads=(0, 2, 5))
+    batch.pop("generator")
+    return batch
 
 
 def _transformers_states(backbone, fields) -> torch.Tensor:

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from engine_testkit import grouped_batch
 
 from hybridflow.data.tiny import make_tiny_model
 from hybridflow.runtime.engines import lm_logprobs
@@ -35,22 +36,12 @@ def test_a_narrow_model_shares_only_where_it_saves_more_positions():
 
 
 def _group_batch(width: int = 5, groups: int = 3, n: int = 8, seed: int = 1) -> dict:
-    """``groups`` left-padded prompts (of different padding) x ``n`` responses of lengths 1..width."""
-    g = torch.Generator().manual_seed(seed)
-    p = 6
-    mask = torch.ones(groups, p, dtype=torch.long)
-    mask[1, :2] = 0
-    mask[2, :1] = 0
-    ids = torch.randint(4, 20, (groups, p), generator=g) * mask
-    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-    b = groups * n
-    lengths = torch.randint(1, width + 1, (b,), generator=g)
-    lengths[0] = width
-    response_mask = (torch.arange(width)[None] < lengths[:, None]).float()
-    return {"prompt_ids": ids, "prompt_mask": mask,
-            "response_ids": torch.randint(4, 20, (b, width), generator=g) * response_mask.long(),
-            "response_mask": response_mask,
-            "advantages": torch.randn(b, 1, generator=g).expand(b, width) * response_mask,
+    """``groups`` left-padded prompts (of different padding) x ``n`` responses of lengths 1..width, with advantages and
+    old log-probs."""
+    batch = grouped_batch(width, groups, n, seed)
+    g, response_mask = batch.pop("generator"), batch["response_mask"]
+    b = response_mask.shape[0]
+    return {**batch, "advantages": torch.randn(b, 1, generator=g).expand(b, width) * response_mask,
             "old_log_probs": -torch.rand(b, width, generator=g) * response_mask}
 
 
