@@ -12,7 +12,7 @@ import ray
 import ray_testkit
 import torch
 
-from hybridflow.runtime.ray.warm import keep_workers, stop_parked
+from hybridflow.runtime.ray.warm import keep_workers
 
 torch.set_num_threads(1)
 
@@ -36,20 +36,11 @@ def start_shared_ray() -> None:
     # address="local": a Ray instance of the suite's own, even when another one runs on this machine (ray.init()
     # would join that one and refuse the resource figures)
     ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
-    # Executors that end healthy park their slots for the module's next executor of the same pool shapes
-    # (hybridflow.runtime.ray.warm): a slot's start is ~4 s of imports, a step of these tests ~0.05 s.
+    # Executors that end healthy park their slots for the next executor of this process with the same pool shapes,
+    # in this module or the next (hybridflow.runtime.ray.warm): a slot's start is ~4 s of imports, a step of these
+    # tests ~0.05 s. A recycled slot computes what a new one does (test_warm_workers.py).
     # (HYBRIDFLOW_TEST_KEEP_WORKERS=0: every executor starts its own, to compare)
     keep_workers(os.environ.get("HYBRIDFLOW_TEST_KEEP_WORKERS", "1") != "0")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_workers_per_module():
-    """Each module starts from no parked slot and leaves none: modules share the instance, not processes."""
-    if ray.is_initialized():
-        stop_parked()
-    yield
-    if ray.is_initialized():
-        stop_parked()
 
 
 @pytest.fixture(scope="session")
