@@ -1,8 +1,8 @@
 """Warm workers: a process's Ray slots kept, with their placement groups, after an executor ends, for the next one.
 
-Most of a slot's start is its process importing torch, transformers and hybridflow: on a CPU of this project's
-test machine an actor that does nothing else took 4.1 s from creation to its first answer, against 0.3 s for an
-empty one (``tools/bench_warm_workers.py`` measures it). A process that starts several executors one after
+Most of a slot's start is its process importing torch, transformers and hybridflow: on this project's 2-core
+test machine an actor that only imports them took 4.1 s from creation to its first answer, against 0.3 s for an
+empty actor (measured by hand; ``tools/bench_warm_workers.py`` times whole runs with and without keeping). A process that starts several executors one after
 another (a test module, a notebook trying settings, a sweep of short runs) pays that for every slot of every
 executor. With :func:`keep_workers` on, :meth:`RayExecutor.shutdown` of an executor whose workers are healthy
 *parks* each pool instead of killing it: its placement group stays reserved and each actor drops its engines and
