@@ -166,21 +166,23 @@ class RayExecutor(PlanExecutor):
                                           timeout_s=reserve_timeout_s)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        recycled = {}
         for slot in self.topology.slots:
             bundle = self._reservation.bundles[slot.pool]
             strategy = PlacementGroupSchedulingStrategy(self._reservation.groups[slot.pool], placement_group_bundle_index=slot.rank)
             specs = {r.role: self.specs[r.role] for r in slot.roles}
             options = dict(timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
             parked = self._reservation.actors.get(slot.pool)
-            if parked:  # a kept slot of an earlier executor (.warm): it starts over, in order before its probe
+            if parked:  # a kept slot of an earlier executor (.warm): it starts over before its probe
                 self._actors[slot.name] = parked[slot.rank]
-                parked[slot.rank].recycle.remote(slot, specs, **options)
+                recycled[slot.name] = parked[slot.rank].recycle.remote(slot, specs, **options)
                 continue
             self._actors[slot.name] = _RemoteWorker.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
                 max_restarts=0, max_task_retries=0,
             ).remote(slot, specs, **options)
         try:
+            self.get_all(recycled, "start", o["setup_timeout_s"])  # a slot that cannot start over fails here, named
             bundles = self._reservation.bundles
             devices = self.get_all({s.name: self.actor(s).probe.remote(self._reservation.uses_gpu(s.pool),
                                                                        tuple(o["pin_cpus"].get(s.pool, ())),
