@@ -293,6 +293,11 @@ def read_plan(text: str) -> ExecutionPlan:
     return plan
 
 
+def _named(*pools: str | None) -> list[str]:
+    """The pools given, less the absent ones (None; an empty name is a name, and unknown)."""
+    return [pool for pool in pools if pool is not None]
+
+
 def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
     """Check the plan's invariants; raise :class:`PlanError` naming the pass ``after`` that broke one.
 
@@ -318,7 +323,7 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
         if placed.count(role.name) != 1:
             fail(f"role {role.name!r} is placed {placed.count(role.name)} times; place every role exactly once")
     for p in plan.placements:
-        for pool in filter(None, (p.pool, p.generation_pool)):
+        for pool in _named(p.pool, p.generation_pool):
             if pool not in pools:
                 fail(f"role {p.role!r} is placed on unknown pool {pool!r}")
             if pools[pool].workers:
@@ -336,7 +341,7 @@ def verify_plan(plan: ExecutionPlan, *, after: str | None = None) -> None:
         for dep in op.deps:
             if dep not in seen:
                 fail(f"op {op.name!r} depends on {dep!r}, which is not an earlier op")
-        for pool in filter(None, (op.pool, op.target_pool)):
+        for pool in _named(op.pool, op.target_pool):
             if pool not in pools:
                 fail(f"op {op.name!r} runs on unknown pool {pool!r}")
         if op.env_pool is not None and (op.env_pool not in pools or not pools[op.env_pool].workers):

@@ -92,6 +92,11 @@ def test_verifier_names_the_pass_and_the_problem():
         verify_plan(_broken(plan, placements=(wide,) + plan.placements[1:]))
     with pytest.raises(PlanError, match="unknown pool"):
         verify_plan(_broken(plan, ops=ops[:1] + [ops[1].model_copy(update={"pool": "nowhere"})] + ops[2:]))
+    # An empty pool name is a name, and unknown (a fuzzed plan.json once reached a KeyError with it).
+    for key in ("pool", "generation_pool"):
+        nameless = plan.placements[0].model_copy(update={key: ""})
+        with pytest.raises(PlanError, match="placed on unknown pool ''"):
+            verify_plan(_broken(plan, placements=(nameless,) + plan.placements[1:]))
     # A node run twice, a node run on the wrong role, an unknown offload item.
     with pytest.raises(PlanError, match="run twice"):
         verify_plan(_broken(plan, ops=tuple(ops) + (ops[-1].model_copy(update={"name": "again"}),)))
