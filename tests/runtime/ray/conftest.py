@@ -12,7 +12,7 @@ import ray
 import ray_testkit
 import torch
 
-from hybridflow.runtime.ray.warm import keep_workers
+from hybridflow.runtime.ray.warm import keep_workers, stop_parked
 
 torch.set_num_threads(1)
 
@@ -59,6 +59,15 @@ def ray_cluster(_shared_ray_session):
     if not ray.is_initialized():
         start_shared_ray()
     return ray.cluster_resources()
+
+
+@pytest.fixture
+def ray_address(ray_cluster) -> str:
+    """The shared instance's address, for a ``hybridflow run`` subprocess to join (``ray_address=...``) instead of
+    starting a Ray instance of its own (~5 s of CPU for Ray's processes). This process's parked pools are stopped
+    first: the subprocess cannot take them, and what they reserve could keep its pools from fitting."""
+    stop_parked()
+    return ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture(scope="module")

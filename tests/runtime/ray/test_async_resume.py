@@ -9,17 +9,15 @@ the data does not depend on k).
 from __future__ import annotations
 
 import pytest
-import ray
 from resume_kit import killed_and_resumed, uninterrupted
 
 
 @pytest.mark.e2e
-def test_sigkilled_async_runs_resume_on_the_prompts_of_an_uninterrupted_run(ray_cluster, tiny_model_dir, tmp_path):
+def test_sigkilled_async_runs_resume_on_the_prompts_of_an_uninterrupted_run(ray_address, tiny_model_dir, tmp_path):
     common = dict(actor_model_name=tiny_model_dir, algorithm="grpo_is", n_samples=2)
-    address = ray.get_runtime_context().gcs_address
     logs = {}
     for k in (1, 4):
-        settings = dict(common, executor="ray", ray_address=address, placement="actor@1;actor.generate@1", staleness=k)
+        settings = dict(common, executor="ray", ray_address=ray_address, placement="actor@1;actor.generate@1", staleness=k)
         logs[k] = killed_and_resumed(tmp_path / f"k{k}", settings, extra_steps=k + 2)
     steps = max(n for _, n in logs.values())
     reference = uninterrupted(tmp_path / "reference", common, steps)

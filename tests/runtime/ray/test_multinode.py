@@ -12,7 +12,8 @@ two of them, so its FSDP process group, its rendezvous and its checkpoint shards
 * GRPO (``actor@2;actor.generate@1``: the training pool spanning n0 and n1, generation on n2)
   loses the raylet of its training rank 1 in the middle of step 3: the error names the node,
   pool and rank; with ``max_restarts=1`` the run moves the lost plan node to a node that joined
-  meanwhile, resumes from the step-2 checkpoint and ends where an uninterrupted run ends.
+  meanwhile, resumes from the step-2 checkpoint and ends where an uninterrupted run ends. (The uninterrupted
+  run's slots are parked and taken by the killed run: hybridflow.runtime.ray.warm.)
 
 The shared Ray instance of the other Ray tests is stopped for this module (``own_ray``).
 """
@@ -27,6 +28,7 @@ import ray
 from hybridflow import PPOConfig
 from hybridflow.data import create_tiny_model_dir
 from hybridflow.errors import WorkerLostError
+from hybridflow.runtime.ray.warm import keep_workers, parked_count
 from hybridflow.trainer import GRPOTrainer, PPOTrainer
 from hybridflow.trainer.checkpoint import read_checkpoint
 
@@ -167,12 +169,14 @@ def _wait_until_free(timeout_s: float = 240.0) -> None:
 def test_a_lost_node_is_named_and_the_run_resumes_from_its_checkpoint(cluster, tmp_path):
     _wait_until_free()
     settings = dict(placement="actor@2;actor.generate@1", max_steps=4, n_samples=2, kl_coef=0.0, rollout_batch_size=2)
+    keep_workers(True)  # the uninterrupted run's slots are parked for the killed run (same pools: its start is ~4 s each)
     reference = GRPOTrainer(config=_config(cluster, tmp_path / "uninterrupted", **settings))
     try:
         expected = reference.train()
     finally:
         if reference.executor is not None:
             reference.executor.shutdown()
+    assert parked_count() == len(reference.plan.pools)
 
     killer = KillNodeInStep(cluster, step=2)
     trainer = GRPOTrainer(config=_config(cluster, tmp_path / "killed", max_restarts=1, **settings), trackers=[killer])
@@ -193,6 +197,7 @@ def test_a_lost_node_is_named_and_the_run_resumes_from_its_checkpoint(cluster, t
     finally:
         if trainer.executor is not None:
             trainer.executor.shutdown()
+        keep_workers(False)
     (err, detected_at), = errors
     TIMINGS["lost node detected"] = detected_at - killer.killed_at
     message = str(err)

@@ -2,7 +2,7 @@
 the same pool shapes takes them, and its steps compute what fresh workers compute; a failed or different-shaped
 executor's slots are not reused.
 
-The suite's shared instance keeps workers on (conftest.py); each test here starts from no parked pool.
+The suite's shared instance keeps workers on (conftest.py).
 """
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from hybridflow.runtime.ray.warm import keep_workers, keeping_workers, parked_co
 @pytest.fixture
 def warm(ray_cluster):
     was = keeping_workers()
-    stop_parked()
-    keep_workers(True)
+    keep_workers(True)  # (pools parked by an earlier module may be taken: they start over as new slots do)
     yield
     keep_workers(was)
     stop_parked()
