@@ -78,6 +78,8 @@ def killed_and_resumed(out: Path, settings: dict, *, extra_steps: int, timeout: 
 
 
 def uninterrupted(out: Path, settings: dict, steps: int) -> dict:
-    """The prompt log of the same run for ``steps`` steps in one go."""
-    _run(out, {**settings, "max_steps": steps})
+    """The prompt log of the same run for ``steps`` steps in one go (in this process: nothing here is killed)."""
+    from hybridflow.cli import main
+
+    assert main(_command(out, {**settings, "max_steps": steps})[3:]) == 0
     return read_prompt_log(out / PROMPT_LOG)

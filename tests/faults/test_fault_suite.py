@@ -150,13 +150,13 @@ def test_a_reward_that_never_returns_and_a_ctrl_c_while_it_hangs(tiny_model_dir,
         "import pathlib, threading\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         f"    pathlib.Path({str(entered)!r}).touch()\n    threading.Event().wait()\n")
     proc = start(["run", *run_overrides(tiny_model_dir, tmp_path / "run", reward_fn="hanging_reward:compute_score",
-                                        reward_timeout_s=3, unfinished_score="null")], cwd=tmp_path)
+                                        reward_timeout_s=1, unfinished_score="null")], cwd=tmp_path)
     while not entered.exists():  # the reward function is running (and hangs)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)  # a first Ctrl-C waits for the step under way, which the timeout bounds
     stderr = finish(proc, timeout=120)[2]
-    assert_named_error(proc.returncode, stderr, "run", "reward_timeout_s=3", "sample 0")
+    assert_named_error(proc.returncode, stderr, "run", "reward_timeout_s=1", "sample 0")
     assert "SIGINT received" in stderr
 
 

@@ -75,7 +75,7 @@ def test_a_compute_op_that_blocks_on_the_controller_is_named(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_on_hang_wait_reports_each_stall_once(tmp_path):
-    watchdog = Watchdog(3.0, "wait", report_path=tmp_path / "hang.txt")
+    watchdog = Watchdog(2.0, "wait", report_path=tmp_path / "hang.txt")
     executor = _executor(watchdog)
     gates = [threading.Event(), threading.Event()]
 
@@ -83,7 +83,7 @@ def test_on_hang_wait_reports_each_stall_once(tmp_path):
         for count, gate in enumerate(gates, start=1):
             while len(watchdog.reports) < count:
                 threading.Event().wait(0.05)
-            threading.Event().wait(3.5)  # the stall goes on past another timeout (4+ ticks): it is not reported again
+            threading.Event().wait(2.5)  # the stall goes on past another timeout (5 ticks of 0.5 s): not reported again
             gate.set()
 
     GATES[:] = list(gates)

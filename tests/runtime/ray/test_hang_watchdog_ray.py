@@ -40,7 +40,7 @@ def test_a_planted_hang_in_a_ray_worker_is_reported_and_stops_the_run(ray_cluste
     out, marker = tmp_path / "run", tmp_path / "hang-marker"
     config = PPOConfig(actor_model_name=str(model_dir), output_dir=str(out), max_steps=2, rollout_batch_size=8,
                        max_response_length=3, val_samples=2, trackers=("jsonl",), progress_bar=False, num_threads=1,
-                       executor="ray", placement="actor+critic+ref@1", reward_timeout_s=None, hang_timeout_s=10.0,
+                       executor="ray", placement="actor+critic+ref@1", reward_timeout_s=None, hang_timeout_s=6.0,
                        on_hang="stop")
     armer = MarkAfter(marker, step=0)
     trainer = PPOTrainer(config=config, trackers=[armer])
@@ -54,7 +54,7 @@ def test_a_planted_hang_in_a_ray_worker_is_reported_and_stops_the_run(ray_cluste
     report = (out / "hang.txt").read_text()
     watchdog = trainer.executor.watchdog
     print(f"\n--- hang.txt (Ray) ---\n{report}\ndetected {watchdog.reported_at - armer.at:.2f} s after the hang was "
-          "armed (the end of step 0's validation; hang_timeout_s=10)")
+          "armed (the end of step 0's validation; hang_timeout_s=6)")
     pool = next(op.pool for op in trainer.plan.ops if op.name == "reward.score")
     block = report.split(f"pool {pool!r} rank 0", 1)[1].split("\npool ", 1)[0]
     assert "in flight: op 'reward.score' (role 'reward') of iteration 0" in block
