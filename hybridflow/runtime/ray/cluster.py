@@ -158,8 +158,8 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
     bundles = {name: pool.bundle for name, pool in layout.items()}
     keys = {p.name: pool_key(layout[p.name].bundle, layout[p.name].selectors, layout[p.name].strategy,
                              p.workers or len(p.devices)) for p in plan.pools}
-    with_envs = any(p.workers for p in plan.pools)  # environment pools are never parked; nor is what they run with
-    taken = take({} if with_envs else keys) if keeping_workers() else {}
+    slot_keys = {p.name: keys[p.name] for p in plan.pools if not p.workers}  # environment pools are never parked
+    taken = take(slot_keys) if keeping_workers() else {}
     groups: dict[str, PlacementGroup] = {name: parked.group for name, parked in taken.items()}
     for pool in plan.pools:
         if pool.name in taken:

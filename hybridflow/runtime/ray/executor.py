@@ -253,17 +253,18 @@ class RayExecutor(PlanExecutor):
         """Kill the slots, wait until Ray reports them gone (a call on each fails), then remove the pools' groups.
 
         Removing a group while a killed slot's process is still exiting has left its bundles' resources held
-        on multi-raylet clusters, so that the next reservation on that node never fitted. ``keep``: park the pools
-        instead (:mod:`.warm`), when :func:`~.warm.keep_workers` is on and every slot releases."""
+        on multi-raylet clusters, so that the next reservation on that node never fitted. ``keep``: park the slots'
+        pools instead (:mod:`.warm`), when :func:`~.warm.keep_workers` is on and every slot releases; environment
+        pools' workers stop either way."""
         hung = getattr(self.watchdog, "hang", None) is not None
-        if keep and keeping_workers() and not (self.env_workers or self._failed or hung) and self._reservation is not None:
+        if keep and keeping_workers() and not (self._failed or hung) and self._reservation is not None:
             by_pool = {name: [self._actors[s.name] for s in self.topology.pool_slots(name)]
-                       for name in self._reservation.groups}
+                       for name in self._reservation.groups if name not in self.env_workers}
             if park([(self._reservation.keys[name], self._reservation.groups[name], actors)
                      for name, actors in by_pool.items()]):
-                self._actors.clear()
-                self._reservation = None
-                return
+                for name in by_pool:  # parked with their groups: what is left below is the environment pools
+                    del self._reservation.groups[name]
+                self._actors = {name: a for name, a in self._actors.items() if name.split("/")[0] in self.env_workers}
         handles = list(self._actors.values())
         for handle in handles:
             try:

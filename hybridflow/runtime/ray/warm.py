@@ -13,7 +13,8 @@ usual probe, rendezvous and set-up). Every other parked pool is stopped before t
 needs, so parked pools never keep a reservation from fitting.
 
 Off by default. Not kept: pools of an executor that met a failure, or restarts after one (their processes may be
-the broken ones), or executors with environment pools; parked pools whose Ray session ended (``ray.shutdown``).
+the broken ones); environment pools (their workers stop; the slots they served are kept); parked pools whose Ray
+session ended (``ray.shutdown``).
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from hybridflow.data.datasets import write_prompt_dataset
 from hybridflow.data.tasks.agent_calc import make_sum3_rows
 from hybridflow.runtime.engines.agent_loop import InProcessEnvs, env_name
 from hybridflow.runtime.ray.env_pool import EnvWorker, RemoteEnvs
+from hybridflow.runtime.ray.warm import keeping_workers, parked_count
 from hybridflow.trainer import Trainer
 
 ENV = "tests.runtime.ray.pid_env:PidCalcEnv"
@@ -38,6 +39,11 @@ def _run(tmp_path, model, data, executor: str):
     finally:
         if executor == "ray" and trainer.executor is not None:
             trainer.executor.shutdown()
+    if executor == "ray" and keeping_workers():  # the slots' pools are parked (.warm); the env pool's workers stopped
+        assert parked_count() == sum(1 for p in pids["plan"].pools if not p.workers)
+        for handle in trainer.executor.env_workers["env"]:
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(handle.ping.remote(), timeout=30)
     records = [json.loads(line) for line in (tmp_path / executor / "trajectories.jsonl").read_text().splitlines()]
     return records, pids
 
