@@ -2,13 +2,14 @@
 
 Most of a slot's start is its process importing torch, transformers and hybridflow: on this project's 2-core
 test machine an actor that only imports them took 4.1 s from creation to its first answer, against 0.3 s for an
-empty actor (measured by hand; ``tools/bench_warm_workers.py`` times whole runs with and without keeping). A process that starts several executors one after
-another (a test module, a notebook trying settings, a sweep of short runs) pays that for every slot of every
-executor. With :func:`keep_workers` on, :meth:`RayExecutor.shutdown` of an executor whose workers are healthy
-*parks* each pool instead of killing it: its placement group stays reserved and each actor drops its engines and
-its ``torch.distributed`` groups (:meth:`Worker.release`). The next executor in this process that needs a pool of
-the same shape (the same bundles, label selectors and strategy: :func:`pool_key`) takes the parked group and its
-actors, and each actor starts over as a new slot (:meth:`Worker.recycle`: the state a fresh worker has, then the
+empty actor (measured by hand; ``tools/bench_warm_workers.py`` times whole runs with and without keeping). A
+process that starts several executors one after another (a test module, a notebook trying settings, a sweep of
+short runs) pays that for every slot of every executor. With :func:`keep_workers` on, :meth:`RayExecutor.shutdown`
+of an executor whose workers are healthy *parks* each pool instead of killing it: its placement group stays
+reserved and each actor drops its engines and its ``torch.distributed`` groups (``_RayWorker.release`` in
+:mod:`.executor`). The next executor in this process that needs a pool of the same shape (the same bundles,
+label selectors and strategy: :func:`pool_key`) takes the parked group and its actors, and each actor starts over
+as a new slot (``_RayWorker.recycle``: the state a fresh worker has, then the
 usual probe, rendezvous and set-up). Every other parked pool is stopped before the executor reserves what it still
 needs, so parked pools never keep a reservation from fitting.
 
