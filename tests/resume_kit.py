@@ -42,10 +42,15 @@ def _val_file(folder: Path) -> Path:
     return path
 
 
-def _command(out: Path, settings: dict) -> list[str]:
+def _arguments(out: Path, settings: dict) -> list[str]:
+    """``hybridflow run``'s arguments for a short run in ``out`` with ``settings`` on top of the kit's own."""
     base = dict(output_dir=str(out), rollout_batch_size=4, max_response_length=3, val_samples=1, trackers="[jsonl]",
                 progress_bar="false", num_threads=1, save_freq=2, calibrate="false", val_files=str(_val_file(out.parent)))
-    return [sys.executable, "-m", "hybridflow.cli", "run", *[f"{k}={v}" for k, v in {**base, **settings}.items()]]
+    return ["run", *[f"{k}={v}" for k, v in {**base, **settings}.items()]]
+
+
+def _command(out: Path, settings: dict) -> list[str]:
+    return [sys.executable, "-m", "hybridflow.cli", *_arguments(out, settings)]
 
 
 def _run(out: Path, settings: dict) -> str:
@@ -81,5 +86,5 @@ def uninterrupted(out: Path, settings: dict, steps: int) -> dict:
     """The prompt log of the same run for ``steps`` steps in one go (in this process: nothing here is killed)."""
     from hybridflow.cli import main
 
-    assert main(_command(out, {**settings, "max_steps": steps})[3:]) == 0
+    assert main(_arguments(out, {**settings, "max_steps": steps})) == 0
     return read_prompt_log(out / PROMPT_LOG)

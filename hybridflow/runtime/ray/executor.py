@@ -264,7 +264,7 @@ class RayExecutor(PlanExecutor):
                      for name, actors in by_pool.items()]):
                 for name in by_pool:  # parked with their groups: what is left below is the environment pools
                     del self._reservation.groups[name]
-                self._actors = {name: a for name, a in self._actors.items() if name.split("/")[0] in self.env_workers}
+                self._actors = env_worker_handles(self.env_workers)
         handles = list(self._actors.values())
         for handle in handles:
             try:

@@ -9,9 +9,9 @@ of an executor whose workers are healthy *parks* each pool instead of killing it
 reserved and each actor drops its engines and its ``torch.distributed`` groups (``_RayWorker.release`` in
 :mod:`.executor`). The next executor in this process that needs a pool of the same shape (the same bundles,
 label selectors and strategy: :func:`pool_key`) takes the parked group and its actors, and each actor starts over
-as a new slot (``_RayWorker.recycle``: the state a fresh worker has, then the
-usual probe, rendezvous and set-up). Every other parked pool is stopped before the executor reserves what it still
-needs, so parked pools never keep a reservation from fitting.
+as a new slot (``_RayWorker.recycle``: the state a fresh worker has, then the usual probe, rendezvous and set-up).
+Every other parked pool is stopped before the executor reserves what it still needs, so parked pools never keep a
+reservation from fitting.
 
 Off by default. Not kept: pools of an executor that met a failure, or restarts after one (their processes may be
 the broken ones); environment pools (their workers stop; the slots they served are kept); parked pools whose Ray
