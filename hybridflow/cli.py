@@ -41,26 +41,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command in this process; its exit status (130 after a Ctrl-C that stopped it at once)."""
+    return _main(argv)[0]
+
+
+def program() -> None:
+    """The ``hybridflow`` program (its console script and ``python -m hybridflow.cli``).
+
+    After a stop at once (a Ctrl-C during start-up, or a second one) it ends the process with ``os._exit(130)``
+    once the output is flushed and the ``atexit`` hooks (Ray's shutdown among them) have run. The
+    KeyboardInterrupt can land anywhere in a library's code, and two things then go wrong on a normal exit:
+    a thread pool interrupted while starting a thread leaves a thread that interpreter shutdown joins for ever
+    (seen in transformers' weight loading), and an interrupt raised inside ``exec`` of a string (dataclasses
+    build their methods that way) makes CPython end the process by SIGINT instead of with the status returned.
+    """
+    status, stopped_at_once = _main(None)
+    if stopped_at_once:
+        import atexit
+        import logging
+        import os
+
+        logging.shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
+def _main(argv: list[str] | None) -> tuple[int, bool]:
+    """(exit status, whether a KeyboardInterrupt stopped the command at once)."""
     command = "COMMAND"
     try:
         parser = build_parser()  # imports every command's module: a Ctrl-C can land here too
         args = _parse(parser, argv)
         if not getattr(args, "_module", None):
             parser.print_help()
-            return 2
+            return 2, False
         command = args.command
-        return int(importlib.import_module(args._module).run(args) or 0)
+        return int(importlib.import_module(args._module).run(args) or 0), False
     except HybridflowError as err:
         print(f"hybridflow {command}: error: {err}", file=sys.stderr)
-        return 1
+        return 1, False
     except OSError as err:  # a file the command reads or writes that no project error names yet
         print(f"hybridflow {command}: error: {_describe_os_error(err)}", file=sys.stderr)
-        return 1
+        return 1, False
     except KeyboardInterrupt:  # a Ctrl-C during start-up, or a second one (the first lets a run finish its step)
         hint = (" -- checkpoints are complete or absent; rerun with resume=auto to continue from the newest"
                 if command in ("run", "quickstart") else "")
         print(f"hybridflow {command}: interrupted, stopped at once{hint}", file=sys.stderr)
-        return 130
+        return 130, True
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -82,4 +112,4 @@ def _describe_os_error(err: OSError) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    program()
