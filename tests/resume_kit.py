@@ -2,7 +2,7 @@
 
 :func:`killed_and_resumed` starts ``hybridflow run`` in a subprocess for far more steps than it will run,
 SIGKILLs it as soon as a complete checkpoint is on disk (decided from the files, not a sleep), resumes it
-(``resume=auto``) up to a few steps past that checkpoint and returns the run's prompt log
+(``resume=auto``, in this process) up to a few steps past that checkpoint and returns the run's prompt log
 (``prompts.jsonl``: step -> the dataset indices of its prompts). :func:`uninterrupted` runs the same steps in
 one go. A resume that loses or replays prompts (e.g. a checkpoint that saved the loader's position after the
 prompts drawn ahead for a staleness-k run) gives a different log.
@@ -10,6 +10,7 @@ prompts drawn ahead for a staleness-k run) gives a different log.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -53,15 +54,8 @@ def _command(out: Path, settings: dict) -> list[str]:
     return [sys.executable, "-m", "hybridflow.cli", *_arguments(out, settings)]
 
 
-def _run(out: Path, settings: dict) -> str:
-    done = subprocess.run(_command(out, settings), capture_output=True, text=True, env=_env(), cwd=REPO, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stderr
-
-
-def killed_and_resumed(out: Path, settings: dict, *, extra_steps: int, timeout: float = 600) -> tuple[dict, int]:
-    """(prompt log, steps run) of a run SIGKILLed once its first checkpoint exists, then resumed to that checkpoint's
-    step + ``extra_steps``."""
+def killed_at_first_checkpoint(out: Path, settings: dict, *, timeout: float = 600) -> int:
+    """Start the run in a subprocess, SIGKILL it once a complete checkpoint is on disk; the newest checkpoint's step."""
     proc = subprocess.Popen(_command(out, {**settings, "max_steps": 10_000}), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
     deadline = time.monotonic() + timeout
@@ -75,11 +69,32 @@ def killed_and_resumed(out: Path, settings: dict, *, extra_steps: int, timeout: 
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=600)
     assert proc.returncode == -signal.SIGKILL
-    newest = max(step for step, _ in list_checkpoints(out / "checkpoints"))
-    steps = newest + extra_steps
-    err = _run(out, {**settings, "max_steps": steps})
-    assert f"resumed from {out / 'checkpoints'}" in err, err[-3000:]
-    return read_prompt_log(out / PROMPT_LOG), steps
+    return max(step for step, _ in list_checkpoints(out / "checkpoints"))
+
+
+def resumed(out: Path, settings: dict, steps: int) -> dict:
+    """The prompt log of the killed run in ``out`` resumed (``resume=auto``) up to ``steps``, in this process (the
+    kill was the subprocess's; here an executor=ray run joins this process's Ray connection and its parked slots)."""
+    from hybridflow.cli import main
+
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("hybridflow.trainer")
+    logger.addHandler(handler)
+    try:
+        assert main(_arguments(out, {**settings, "max_steps": steps})) == 0
+    finally:
+        logger.removeHandler(handler)
+    assert any(m.startswith(f"resumed from {out / 'checkpoints'}") for m in messages), messages
+    return read_prompt_log(out / PROMPT_LOG)
+
+
+def killed_and_resumed(out: Path, settings: dict, *, extra_steps: int) -> tuple[dict, int]:
+    """(prompt log, steps run) of a run SIGKILLed once its first checkpoint exists, then resumed to that checkpoint's
+    step + ``extra_steps``."""
+    steps = killed_at_first_checkpoint(out, settings) + extra_steps
+    return resumed(out, settings, steps), steps
 
 
 def uninterrupted(out: Path, settings: dict, steps: int) -> dict:

@@ -301,6 +301,9 @@ class PlanExecutor(ABC):
     def check_running(self) -> None:
         """Raise when the workers are gone (RayExecutor after shutdown)."""
 
+    def shutdown(self) -> None:
+        """Stop the workers and give their devices back (RayExecutor); this process's own workers need nothing."""
+
     poll_s = 1.0
     """How long one :meth:`wait` of the run loop blocks at most, seconds."""
 
