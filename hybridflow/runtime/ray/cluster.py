@@ -13,7 +13,6 @@ and :func:`node_ip` give the rank-0 slot its rendezvous address.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
@@ -26,11 +25,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from ...compiler.plan import ExecutionPlan
 from ...errors import PlacementError
-from .warm import keeping_workers, make_room, parked_count, pool_key, stop_parked, take
-
-_GROUP_SERIAL = itertools.count()
-"""Placement group names are unique in a Ray namespace: a pool's name and a serial, since a parked pool of an
-earlier executor may hold ``hybridflow:pool0`` when the next one reserves its own."""
+from .warm import keeping_workers, pool_key, take
 
 __all__ = ["connect", "PoolReservation", "PoolLayout", "pool_groups", "reserve_pools", "release_pools", "free_port", "node_ip", "replace_lost_nodes",
            "DeviceResource"]
@@ -166,25 +161,15 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
     slot_keys = {p.name: keys[p.name] for p in plan.pools if not p.workers}  # environment pools are never parked
     taken = take(slot_keys) if keeping_workers() else {}
     groups: dict[str, PlacementGroup] = {name: parked.group for name, parked in taken.items()}
-    need: dict[str, float] = {}
-    for pool in plan.pools:
-        if pool.name not in taken:
-            for resource, amount in layout[pool.name].bundle.items():
-                need[resource] = need.get(resource, 0.0) + amount * (pool.workers or len(pool.devices))
-    make_room(need)
     for pool in plan.pools:
         if pool.name in taken:
             continue
         spec = layout[pool.name]
         groups[pool.name] = placement_group([dict(spec.bundle) for _ in range(pool.workers or len(pool.devices))],
                                             strategy=spec.strategy,
-                                            name=f"hybridflow:{pool.name}:{next(_GROUP_SERIAL)}",
+                                            name=f"hybridflow:{pool.name}",
                                             bundle_label_selector=[dict(s) for s in spec.selectors] or None)
-    refs = [g.ready() for g in groups.values()]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, 10.0) if parked_count() else timeout_s)
-    if len(ready) < len(refs) and parked_count():  # the free figures make_room went by were stale: no pool stays parked
-        stop_parked()
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    ready, _ = ray.wait([g.ready() for g in groups.values()], num_returns=len(groups), timeout=timeout_s)
     if len(ready) < len(groups):
         release_pools(PoolReservation(groups, bundles))
         need = {p.name: f"{p.workers or len(p.devices)} x {bundles[p.name]}" for p in plan.pools}

@@ -10,9 +10,8 @@ reserved and each actor drops its engines and its ``torch.distributed`` groups (
 :mod:`.executor`). The next executor in this process that needs a pool of the same shape (the same bundles,
 label selectors and strategy: :func:`pool_key`) takes the parked group and its actors, and each actor starts over
 as a new slot (``_RayWorker.recycle``: the state a fresh worker has, then the usual probe, rendezvous and set-up).
-The other parked pools stay parked for a later executor while the cluster has room for what this one still
-reserves; the longest parked are stopped first when it has not (all of them on a cluster of several nodes), so
-parked pools never keep a reservation from fitting.
+Every other parked pool is stopped before the executor reserves what it still needs, so parked pools never keep a
+reservation from fitting.
 
 Off by default. Not kept: pools of an executor that met a failure, or restarts after one (their processes may be
 the broken ones); environment pools (their workers stop; the slots they served are kept); parked pools whose Ray
@@ -28,8 +27,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-__all__ = ["keep_workers", "keeping_workers", "Parked", "pool_key", "park", "take", "make_room", "stop_parked",
-           "parked_count"]
+__all__ = ["keep_workers", "keeping_workers", "Parked", "pool_key", "park", "take", "stop_parked", "parked_count"]
 
 log = logging.getLogger("hybridflow.ray")
 
@@ -90,17 +88,20 @@ def park(pools: list[tuple[tuple, PlacementGroup, list[Any]]], *, timeout_s: flo
 
 def take(keys: dict[str, tuple]) -> dict[str, Parked]:
     """Pool name -> a parked pool of its key, for as many of ``keys`` (pool name -> :func:`pool_key`) as match,
-    each parked pool taken once; the others stay parked (:func:`make_room` stops them when what is still to be
-    reserved needs their resources), those of an ended Ray session are dropped. Taken pools answered a ping: their
-    actors are alive."""
-    session = _session() if _PARKED else None
-    _PARKED[:] = [p for p in _PARKED if p.session == session]  # an ended session's handles: nothing left to stop
+    each parked pool taken once; every parked pool not taken is stopped (so the rest can be reserved), and so is
+    every one of an ended Ray session. Taken pools answered a ping: their actors are alive."""
+    if not _PARKED:
+        return {}
+    session = _session()
+    live = [p for p in _PARKED if p.session == session]  # an ended session's handles: nothing left to stop
+    _PARKED.clear()
     found: dict[str, Parked] = {}
     for name, key in keys.items():
-        match = next((p for p in _PARKED if p.key == key), None)
+        match = next((p for p in live if p.key == key), None)
         if match is not None:
-            _PARKED.remove(match)
+            live.remove(match)
             found[name] = match
+    _stop(live)
     alive = [a for p in found.values() for a in p.actors]
     try:
         ray.get([a.ping.remote() for a in alive], timeout=30.0)
@@ -109,24 +110,6 @@ def take(keys: dict[str, tuple]) -> dict[str, Parked]:
         _stop(list(found.values()))
         return {}
     return found
-
-
-def make_room(need: dict[str, float]) -> None:
-    """Stop parked pools, the longest parked first, until the cluster's free resources cover ``need`` (resource ->
-    amount still to be reserved); every parked pool on a cluster of several nodes, where free totals say nothing
-    about the node a bundle must go to."""
-    if not _PARKED:
-        return
-    several_nodes = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
-    free = ray.available_resources()
-    stop: list[Parked] = []
-    while _PARKED and (several_nodes or any(free.get(r, 0.0) < amount - 1e-9 for r, amount in need.items())):
-        pool = _PARKED.pop(0)
-        stop.append(pool)
-        bundle, count = dict(pool.key[0]), pool.key[3]
-        for resource, amount in bundle.items():
-            free[resource] = free.get(resource, 0.0) + amount * count
-    _stop(stop)
 
 
 def stop_parked() -> None:

@@ -15,7 +15,7 @@ from hybridflow.data.datasets import write_prompt_dataset
 from hybridflow.data.tasks.agent_calc import make_sum3_rows
 from hybridflow.runtime.engines.agent_loop import InProcessEnvs, env_name
 from hybridflow.runtime.ray.env_pool import EnvWorker, RemoteEnvs
-from hybridflow.runtime.ray.warm import keeping_workers, parked_count, stop_parked
+from hybridflow.runtime.ray.warm import keeping_workers, parked_count
 from hybridflow.trainer import Trainer
 
 ENV = "tests.runtime.ray.pid_env:PidCalcEnv"
@@ -27,8 +27,6 @@ def _run(tmp_path, model, data, executor: str):
                        trackers=("jsonl",), progress_bar=False, num_threads=1, calibrate=False, executor=executor,
                        cpu_slots=1, trajectory_log_samples=4, seed=0,
                        algorithm_args={"env": ENV, "max_turns": 2, "max_tokens_per_turn": 8, "max_total_tokens": 24})
-    if executor == "ray":
-        stop_parked()  # the count below is this run's pools (an earlier module's stay parked while there is room)
     trainer = Trainer(config, algorithm=agent_grpo)
     try:
         trainer.train()

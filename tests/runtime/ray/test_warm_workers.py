@@ -38,7 +38,6 @@ def _step(plan, graph) -> tuple[dict[str, int], torch.Tensor, RayExecutor]:
 
 @pytest.mark.e2e
 def test_a_parked_slot_starts_over_and_computes_what_a_fresh_one_computes(warm):
-    stop_parked()  # the counts below are this test's pools (an earlier module's stay parked while there is room)
     graph = grpo_tis.build(n=2, cap=2.0)
     colocated = compiled_plan(graph, "colocate", 1)
     first_pids, first, _ = _step(colocated, graph)
@@ -57,23 +56,7 @@ def test_a_parked_slot_starts_over_and_computes_what_a_fresh_one_computes(warm):
 
 
 @pytest.mark.e2e
-def test_a_parked_pool_no_executor_takes_stays_parked_while_the_cluster_has_room(warm):
-    """A pool of 2 slots parked, an executor of one slot in between (the cluster's 4 CPUs fit both), then the
-    2-slot shape again: it gets its first processes back, not new ones."""
-    stop_parked()  # only this test's pools: an earlier module's pool of the same shape could be taken instead
-    graph = grpo_tis.build(n=2, cap=2.0)
-    two, one = compiled_plan(graph, "colocate", 2), compiled_plan(graph, "colocate", 1)
-    first_pids, _, first = _step(two, graph)
-    _step(one, graph)  # takes the host pool; the 2-slot pool is no match and stays parked
-    assert parked_count() == len(one.pools) + 1
-    again_pids, _, _ = _step(two, graph)
-    pool0 = {s.name for s in first.topology.pool_slots("pool0")}
-    assert len(pool0) == 2 and {again_pids[s] for s in pool0} == {first_pids[s] for s in pool0}
-
-
-@pytest.mark.e2e
 def test_the_slots_of_an_executor_that_lost_a_worker_are_not_kept(warm):
-    stop_parked()  # (an earlier module's pools stay parked while there is room)
     graph = grpo_tis.build(n=2, cap=2.0)
     plan = compiled_plan(graph, "colocate", 1)
     executor = RayExecutor(plan, role_specs(graph))
