@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     with StopRequest("writing the trace and the summary") as late:  # a signal now must not lose them
         artifacts = write_artifacts(trainer)
         print("\n".join(summary_lines(trainer, time.perf_counter() - start, artifacts)), flush=True)
-    if trainer.executor is not None:  # the workers go now, not when the trainer is collected (main() in a process that goes on)
+    if trainer.executor is not None:  # the workers go now, not when the trainer is collected (a main() call goes on)
         trainer.executor.shutdown()
     return stopped_status(trainer, late, "hybridflow run")
 

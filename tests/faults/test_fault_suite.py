@@ -4,10 +4,10 @@ reaches stderr, and nothing written before the fault is lost. See faultkit.py fo
 
 Cases (the table in the hardening notes): read-only output folder (new run, resume), export into a read-only
 folder, full disk while writing metrics and while writing a checkpoint, ``viz -o`` into a folder that cannot be
-created, Ctrl-C during start-up, an algorithm module with a syntax error or that raises, GRPO with one sample
-per prompt, empty prompts, a reward function that never returns (with a Ctrl-C while it hangs), an edited
-checkpoint state file, an unreadable metrics line on resume, a restart rewinding metrics.jsonl, export into a
-non-empty folder.
+created, Ctrl-C during start-up (and landing inside a library's ``exec`` or thread start), an algorithm module with
+a syntax error or that raises, GRPO with one sample per prompt, empty prompts, a reward function that never returns
+(with a Ctrl-C while it hangs), an edited checkpoint state file, an unreadable metrics line on resume, a restart
+rewinding metrics.jsonl, export into a non-empty folder.
 """
 from __future__ import annotations
 
