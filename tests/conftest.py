@@ -1,10 +1,11 @@
-"""Suite-wide collection order: the longest tests first, then the other end-to-end runs, then the rest.
+"""Suite-wide collection order: the longest tests first, then the other end-to-end runs, the Ray tests, the rest.
 
 `make test` runs the suite on two pytest-xdist workers (``--dist loadgroup``). Its scheduler hands out
 work units (one test, or one ``xdist_group``: a Ray test module, see tests/runtime/ray/conftest.py) in
 collection order, each worker holding a few ahead; a multi-minute run handed out last would leave one
 worker alone at the end. So the tests measured longest (``LONGEST``, slowest first) lead, the other
-``e2e`` tests follow, and the short tests fill in around them; within each rank the order is unchanged.
+``e2e`` tests follow, then the other Ray tests, and the short tests fill in around them; within each rank the
+order is unchanged. A worker that reaches the short tests stops its Ray instance (:func:`pytest_runtest_setup`).
 pytest-xdist would otherwise reorder the units by how many tests each holds (``--loadscope-reorder``, its
 default), which puts every multi-test Ray module ahead of the long single tests: that is turned off here.
 
@@ -121,17 +122,48 @@ def _apply_xdist_groups(config, items) -> None:
             item._id = type(item._id).parse(item.nodeid + suffix)
 
 
+def _is_ray_test(item) -> bool:
+    """A test of a Ray module (tests/runtime/ray/conftest.py puts each in an ``xdist_group`` named ``ray-...``)."""
+    return any(str(m.args[0] if m.args else m.kwargs.get("name", "")).startswith("ray-")
+               for m in item.iter_markers("xdist_group"))
+
+
+SHORT = len(LONGEST) + 2
+"""The rank of the short tests that use no Ray: they come last."""
+
+
+def _rank(item) -> int:
+    """``LONGEST`` in their order, then the other ``e2e`` tests, the other Ray tests, and the short tests."""
+    for at, prefix in enumerate(LONGEST):
+        if item.nodeid.startswith(prefix):
+            return at
+    if item.get_closest_marker("e2e") is not None:
+        return len(LONGEST)
+    return len(LONGEST) + 1 if _is_ray_test(item) else SHORT
+
+
 def pytest_collection_modifyitems(config, items):
     # runs after the other conftests' hooks of this name (those added the Ray modules' groups) and after xdist's
     _apply_xdist_groups(config, items)
+    items.sort(key=_rank)
 
-    def rank(item) -> int:
-        for at, prefix in enumerate(LONGEST):
-            if item.nodeid.startswith(prefix):
-                return at
-        return len(LONGEST) + (0 if item.get_closest_marker("e2e") is not None else 1)
 
-    items.sort(key=rank)
+def pytest_runtest_setup(item):
+    """A process that reaches the short tests has run every Ray test it will run (they are handed out in
+    collection order, and the Ray modules come before the short tests), so it stops its Ray instance: an idle
+    one, with the slots parked for the next Ray test, costs ~3% of a core for the rest of the session (Ray's
+    daemons and idle workers polling), and holds their memory. A later test that wants Ray starts it again."""
+    import sys
+
+    if "ray" not in sys.modules or _rank(item) != SHORT:
+        return
+    import ray
+
+    if ray.is_initialized():
+        from hybridflow.runtime.ray.warm import stop_parked
+
+        stop_parked()
+        ray.shutdown()
 
 
 # -- fixtures of the tests that train (tests/trainer, tests/commands, tests/faults, ...) ----------------
