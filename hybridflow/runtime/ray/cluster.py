@@ -18,7 +18,8 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+import itertools
+from typing import Any, Literal
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -68,18 +69,32 @@ def node_ip() -> str:
 
 @dataclass(frozen=True)
 class PoolReservation:
-    """The placement group of each pool and the resources of each of its bundles (one per device slot)."""
+    """The placement groups of each pool and the resources of each of its bundles (one per device slot).
 
-    groups: dict[str, PlacementGroup]
+    A pool has one group with a bundle per slot, or (on a one-node cluster, while slots are kept: see
+    :func:`reserve_pools`) a group of one bundle per slot; :meth:`placement` says where each rank goes."""
+
+    groups: dict[str, list[PlacementGroup]]
     bundles: dict[str, dict[str, float]]
-    keys: dict[str, tuple] = field(default_factory=dict)
-    """Pool name -> its :func:`.warm.pool_key` (what a parked pool must match)."""
-    actors: dict[str, list] = field(default_factory=dict)
-    """Pool name -> the parked actors (by bundle index) taken with its group (:mod:`.warm`); the others start new ones."""
+    keys: dict[str, list[tuple]] = field(default_factory=dict)
+    """Pool name -> the :func:`.warm.pool_key` of each of its groups (what a parked group must match)."""
+    actors: dict[str, dict[int, Any]] = field(default_factory=dict)
+    """Pool name -> rank -> the parked actor taken with its group (:mod:`.warm`); the other ranks start new ones."""
 
     def uses_gpu(self, pool: str) -> bool:
         return self.bundles[pool].get("GPU", 0) > 0
 
+    def placement(self, pool: str, rank: int) -> tuple[PlacementGroup, int]:
+        """The group and bundle index of ``pool``'s slot ``rank``."""
+        groups = self.groups[pool]
+        return (groups[0], rank) if len(groups) == 1 else (groups[rank], 0)
+
+    def units(self, pool: str, size: int) -> list[tuple[tuple, PlacementGroup, list[int]]]:
+        """The groups of ``pool`` (``size`` slots) as :func:`.warm.park` takes them: (key, group, the ranks it holds)."""
+        groups = self.groups[pool]
+        if len(groups) == 1:
+            return [(self.keys[pool][0], groups[0], list(range(size)))]
+        return [(key, group, [rank]) for rank, (key, group) in enumerate(zip(self.keys[pool], groups))]
 
 def _device_resource(resource: DeviceResource) -> str:
     if resource == "auto":
@@ -150,27 +165,53 @@ def pool_groups(plan: ExecutionPlan, kind: str, cpus_per_worker: float) -> dict[
     return found
 
 
+_GROUP_SERIAL = itertools.count()
+"""Placement group names are unique in a Ray namespace, and a parked group keeps its name while another executor
+of this process reserves: each group's name ends with a serial."""
+
+
 def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpus_per_worker: float = 1.0,
                   timeout_s: float = 120.0) -> PoolReservation:
     """One placement group per pool (:func:`pool_groups`), one bundle per device; PlacementError when Ray cannot
-    place one."""
+    place one.
+
+    While slots are kept (:func:`.warm.keep_workers`) on a cluster of one Ray node, each slot of a device pool gets
+    a group of its own instead: on one node a slot runs where it would have, and a parked slot can then serve any
+    slot of its bundle's shape (a pool of two can take the slots of two pools of one). Elsewhere a pool's slots stay
+    in one group, whose strategy (PACK, or STRICT_PACK on one plan node) keeps them together."""
     layout = pool_groups(plan, _device_resource(resource), cpus_per_worker)
     bundles = {name: pool.bundle for name, pool in layout.items()}
-    keys = {p.name: pool_key(layout[p.name].bundle, layout[p.name].selectors, layout[p.name].strategy,
-                             p.workers or len(p.devices)) for p in plan.pools}
-    slot_keys = {p.name: keys[p.name] for p in plan.pools if not p.workers}  # environment pools are never parked
-    taken = take(slot_keys) if keeping_workers() else {}
-    groups: dict[str, PlacementGroup] = {name: parked.group for name, parked in taken.items()}
+    keep = keeping_workers()
+    split = keep and sum(1 for node in ray.nodes() if node.get("Alive")) == 1
+    units: dict[str, list[tuple[tuple, int, tuple]]] = {}  # pool -> per group: (key, bundles, selectors)
     for pool in plan.pools:
-        if pool.name in taken:
-            continue
-        spec = layout[pool.name]
-        groups[pool.name] = placement_group([dict(spec.bundle) for _ in range(pool.workers or len(pool.devices))],
-                                            strategy=spec.strategy,
-                                            name=f"hybridflow:{pool.name}",
-                                            bundle_label_selector=[dict(s) for s in spec.selectors] or None)
-    ready, _ = ray.wait([g.ready() for g in groups.values()], num_returns=len(groups), timeout=timeout_s)
-    if len(ready) < len(groups):
+        spec, size = layout[pool.name], pool.workers or len(pool.devices)
+        if split and not pool.workers:  # environment pools are never parked: kept whole
+            units[pool.name] = [(pool_key(spec.bundle, spec.selectors[rank:rank + 1], "PACK", 1), 1,
+                                 spec.selectors[rank:rank + 1]) for rank in range(size)]
+        else:
+            units[pool.name] = [(pool_key(spec.bundle, spec.selectors, spec.strategy, size), size, spec.selectors)]
+    wanted = {(pool.name, k): unit[0] for pool in plan.pools if not pool.workers
+              for k, unit in enumerate(units[pool.name])}
+    taken = take(wanted) if keep else {}
+    groups: dict[str, list[PlacementGroup]] = {}
+    actors: dict[str, dict[int, Any]] = {}
+    for pool in plan.pools:
+        spec, whole = layout[pool.name], len(units[pool.name]) == 1
+        for k, (_, count, selectors) in enumerate(units[pool.name]):
+            parked = taken.get((pool.name, k))
+            if parked is not None:
+                groups.setdefault(pool.name, []).append(parked.group)
+                ranks = range(count) if whole else [k]
+                actors.setdefault(pool.name, {}).update(zip(ranks, parked.actors))
+                continue
+            groups.setdefault(pool.name, []).append(placement_group(
+                [dict(spec.bundle) for _ in range(count)], strategy=spec.strategy if whole else "PACK",
+                name=f"hybridflow:{pool.name}{'' if whole else f'/rank{k}'}#{next(_GROUP_SERIAL)}",
+                bundle_label_selector=[dict(s) for s in selectors] or None))
+    every = [g for held in groups.values() for g in held]
+    ready, _ = ray.wait([g.ready() for g in every], num_returns=len(every), timeout=timeout_s)
+    if len(ready) < len(every):
         release_pools(PoolReservation(groups, bundles))
         need = {p.name: f"{p.workers or len(p.devices)} x {bundles[p.name]}" for p in plan.pools}
         pinned = f" on Ray nodes {', '.join(n[:8] for n in plan.nodes)}" if plan.nodes else ""
@@ -179,7 +220,8 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
             f"{ {k: v for k, v in ray.available_resources().items() if k in ('CPU', 'GPU')} } free. Give Ray more resources (ray.init(num_cpus=..., num_gpus=...)), lower "
             "cpus_per_worker, or compile for fewer devices (a plan bound earlier needs the same Ray nodes alive: "
             "bind it again)")
-    return PoolReservation(groups, bundles, keys, {name: parked.actors for name, parked in taken.items()})
+    keys = {name: [unit[0] for unit in pool_units] for name, pool_units in units.items()}
+    return PoolReservation(groups, bundles, keys, actors)
 
 
 def replace_lost_nodes(plan: ExecutionPlan, *, timeout_s: float = 120.0, poll_s: float = 1.0) -> ExecutionPlan:
@@ -216,7 +258,7 @@ def replace_lost_nodes(plan: ExecutionPlan, *, timeout_s: float = 120.0, poll_s:
 
 
 def release_pools(reservation: PoolReservation) -> None:
-    for group in reservation.groups.values():
+    for group in (g for held in reservation.groups.values() for g in held):
         try:
             remove_placement_group(group)
         except Exception:  # already removed, or Ray already shut down

@@ -115,9 +115,9 @@ class RemoteEnvs:
         ray.get([worker.close.remote(ks) for worker, ks in keys.items()])
 
 
-def start_env_workers(plan: ExecutionPlan, groups: Mapping[str, Any], bundles: Mapping[str, Mapping[str, float]]
-                      ) -> dict[str, list[Any]]:
-    """Environment pool name -> its workers, one actor per bundle of the pool's placement group (``groups``)."""
+def start_env_workers(plan: ExecutionPlan, placement, bundles: Mapping[str, Mapping[str, float]]) -> dict[str, list[Any]]:
+    """Environment pool name -> its workers, one actor per bundle of the pool's placement group (``placement(pool,
+    k)``: the group and bundle index of worker ``k``, :meth:`.cluster.PoolReservation.placement`)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     found = {}
@@ -125,7 +125,7 @@ def start_env_workers(plan: ExecutionPlan, groups: Mapping[str, Any], bundles: M
         found[pool.name] = [
             _RemoteEnvWorker.options(num_cpus=bundles[pool.name]["CPU"], max_concurrency=ENV_WORKER_THREADS,
                                      max_restarts=0, max_task_retries=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                         groups[pool.name], placement_group_bundle_index=k)).remote()
+                                         *placement(pool.name, k))).remote()
             for k in range(pool.workers)]
     return found
 

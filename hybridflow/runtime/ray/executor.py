@@ -169,13 +169,14 @@ class RayExecutor(PlanExecutor):
         recycled = {}
         for slot in self.topology.slots:
             bundle = self._reservation.bundles[slot.pool]
-            strategy = PlacementGroupSchedulingStrategy(self._reservation.groups[slot.pool], placement_group_bundle_index=slot.rank)
+            group, index = self._reservation.placement(slot.pool, slot.rank)
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
             specs = {r.role: self.specs[r.role] for r in slot.roles}
             options = dict(timeout_s=o["timeout_s"], bucket_bytes=o["bucket_bytes"], seed=o["seed"])
-            parked = self._reservation.actors.get(slot.pool)
-            if parked:  # a kept slot of an earlier executor (.warm): it starts over before its probe
-                self._actors[slot.name] = parked[slot.rank]
-                recycled[slot.name] = parked[slot.rank].recycle.remote(slot, specs, **options)
+            parked = self._reservation.actors.get(slot.pool, {}).get(slot.rank)
+            if parked is not None:  # a kept slot of an earlier executor (.warm): it starts over before its probe
+                self._actors[slot.name] = parked
+                recycled[slot.name] = parked.recycle.remote(slot, specs, **options)
                 continue
             self._actors[slot.name] = _RemoteWorker.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
@@ -203,7 +204,7 @@ class RayExecutor(PlanExecutor):
 
     def _start_env_pools(self) -> None:
         """The plan's environment pools' workers (:mod:`.env_pool`), attached to the rollout slots; stopped with them."""
-        self.env_workers = start_env_workers(self.plan, self._reservation.groups, self._reservation.bundles)
+        self.env_workers = start_env_workers(self.plan, self._reservation.placement, self._reservation.bundles)
         self._actors.update(env_worker_handles(self.env_workers))
         ray.get(attach_env_pools(self.plan, self.topology, self.env_workers, self.actor),
                 timeout=self._options["setup_timeout_s"])
@@ -258,10 +259,10 @@ class RayExecutor(PlanExecutor):
         pools' workers stop either way."""
         hung = getattr(self.watchdog, "hang", None) is not None
         if keep and keeping_workers() and not (self._failed or hung) and self._reservation is not None:
-            by_pool = {name: [self._actors[s.name] for s in self.topology.pool_slots(name)]
+            by_pool = {name: {s.rank: self._actors[s.name] for s in self.topology.pool_slots(name)}
                        for name in self._reservation.groups if name not in self.env_workers}
-            if park([(self._reservation.keys[name], self._reservation.groups[name], actors)
-                     for name, actors in by_pool.items()]):
+            if park([(key, group, [actors[rank] for rank in ranks]) for name, actors in by_pool.items()
+                     for key, group, ranks in self._reservation.units(name, len(actors))]):
                 for name in by_pool:  # parked with their groups: what is left below is the environment pools
                     del self._reservation.groups[name]
                 self._actors = env_worker_handles(self.env_workers)

@@ -7,11 +7,12 @@ process that starts several executors one after another (a test module, a notebo
 short runs) pays that for every slot of every executor. With :func:`keep_workers` on, :meth:`RayExecutor.shutdown`
 of an executor whose workers are healthy *parks* each pool instead of killing it: its placement group stays
 reserved and each actor drops its engines and its ``torch.distributed`` groups (``_RayWorker.release`` in
-:mod:`.executor`). The next executor in this process that needs a pool of the same shape (the same bundles,
+:mod:`.executor`). The next executor in this process that needs a group of the same shape (the same bundles,
 label selectors and strategy: :func:`pool_key`) takes the parked group and its actors, and each actor starts over
 as a new slot (``_RayWorker.recycle``: the state a fresh worker has, then the usual probe, rendezvous and set-up).
-Every other parked pool is stopped before the executor reserves what it still needs, so parked pools never keep a
-reservation from fitting.
+On a one-node cluster each slot has a group of its own (:func:`.cluster.reserve_pools`), so a slot parked by a
+pool of one can serve a rank of a pool of two. Every other parked group is stopped before the executor reserves
+what it still needs, so parked groups never keep a reservation from fitting.
 
 Off by default. Not kept: pools of an executor that met a failure, or restarts after one (their processes may be
 the broken ones); environment pools (their workers stop; the slots they served are kept); parked pools whose Ray
@@ -86,16 +87,16 @@ def park(pools: list[tuple[tuple, PlacementGroup, list[Any]]], *, timeout_s: flo
     return True
 
 
-def take(keys: dict[str, tuple]) -> dict[str, Parked]:
-    """Pool name -> a parked pool of its key, for as many of ``keys`` (pool name -> :func:`pool_key`) as match,
-    each parked pool taken once; every parked pool not taken is stopped (so the rest can be reserved), and so is
-    every one of an ended Ray session. Taken pools answered a ping: their actors are alive."""
+def take(keys: dict[Any, tuple]) -> dict[Any, Parked]:
+    """Name -> a parked group of its key, for as many of ``keys`` (a group's name -> :func:`pool_key`) as match,
+    each parked group taken once; every parked group not taken is stopped (so the rest can be reserved), and so is
+    every one of an ended Ray session. Taken groups answered a ping: their actors are alive."""
     if not _PARKED:
         return {}
     session = _session()
     live = [p for p in _PARKED if p.session == session]  # an ended session's handles: nothing left to stop
     _PARKED.clear()
-    found: dict[str, Parked] = {}
+    found: dict[Any, Parked] = {}
     for name, key in keys.items():
         match = next((p for p in live if p.key == key), None)
         if match is not None:
@@ -121,7 +122,8 @@ def stop_parked() -> None:
 
 
 def parked_count() -> int:
-    return len(_PARKED)
+    """How many slots are parked (each pool's slots, or the environment's: none)."""
+    return sum(len(p.actors) for p in _PARKED)
 
 
 def _stop(pools: list[Parked]) -> None:

@@ -40,7 +40,7 @@ def _run(tmp_path, model, data, executor: str):
         if executor == "ray" and trainer.executor is not None:
             trainer.executor.shutdown()
     if executor == "ray" and keeping_workers():  # the slots' pools are parked (.warm); the env pool's workers stopped
-        assert parked_count() == sum(1 for p in pids["plan"].pools if not p.workers)
+        assert parked_count() == sum(len(p.devices) for p in pids["plan"].pools if not p.workers)
         for handle in trainer.executor.env_workers["env"]:
             with pytest.raises(ray.exceptions.RayActorError):
                 ray.get(handle.ping.remote(), timeout=30)

@@ -1,6 +1,6 @@
-"""Warm workers (hybridflow.runtime.ray.warm): an executor that ends healthy parks its slots, the next executor of
-the same pool shapes takes them, and its steps compute what fresh workers compute; a failed or different-shaped
-executor's slots are not reused.
+"""Warm workers (hybridflow.runtime.ray.warm): an executor that ends healthy parks its slots, the next executor
+takes those of its slots' shapes (on this one-node cluster slot by slot, whatever pool left them), and its steps
+compute what fresh workers compute; a failed executor's slots are not reused.
 
 The suite's shared instance keeps workers on (conftest.py).
 """
@@ -41,7 +41,7 @@ def test_a_parked_slot_starts_over_and_computes_what_a_fresh_one_computes(warm):
     graph = grpo_tis.build(n=2, cap=2.0)
     colocated = compiled_plan(graph, "colocate", 1)
     first_pids, first, _ = _step(colocated, graph)
-    assert parked_count() == len(colocated.pools)  # the model pool and the host pool
+    assert parked_count() == len(colocated.pools)  # the model pool's slot and the host pool's
     again_pids, again, _ = _step(colocated, graph)
     assert again_pids == first_pids  # the same processes ...
     assert torch.equal(again, first)  # ... with engines built anew from the seed: the same numbers
@@ -51,6 +51,12 @@ def test_a_parked_slot_starts_over_and_computes_what_a_fresh_one_computes(warm):
     assert len(set(split_pids.values()) & set(first_pids.values())) == len(first_pids)
     assert len(set(split_pids.values())) == len(split.pools)
     assert parked_count() == len(split.pools)
+    # on one node each slot is parked on its own: a pool of two takes the slots the two pools of one left
+    wide = compiled_plan(graph, "colocate", 2)
+    wide_pids, _, _ = _step(wide, graph)
+    model_slots = {name: pid for name, pid in split_pids.items() if not name.startswith("host")}
+    assert sorted(pid for name, pid in wide_pids.items() if name.startswith("pool0/")) == sorted(model_slots.values())
+    assert parked_count() == 3
     keep_workers(False)  # stops what is parked, and keeps nothing from then on
     assert parked_count() == 0
 
