@@ -4,8 +4,9 @@
 work units (one test, or one ``xdist_group``: a Ray test module, see tests/runtime/ray/conftest.py) in
 collection order, each worker holding a few ahead; a multi-minute run handed out last would leave one
 worker alone at the end. So the tests measured longest (``LONGEST``, slowest first) lead, the other
-``e2e`` tests follow, then the other Ray tests, and the short tests fill in around them; within each rank the
-order is unchanged. A worker that reaches the short tests stops its Ray instance (:func:`pytest_runtest_setup`).
+``e2e`` tests follow, then the Ray tests (those that end in a failure on purpose last: ``RAY_LAST``), and the
+short tests fill in around them; within each rank the order is unchanged. A worker that reaches the short tests
+stops its Ray instance (:func:`pytest_runtest_setup`).
 pytest-xdist would otherwise reorder the units by how many tests each holds (``--loadscope-reorder``, its
 default), which puts every multi-test Ray module ahead of the long single tests: that is turned off here.
 
@@ -128,18 +129,23 @@ def _is_ray_test(item) -> bool:
                for m in item.iter_markers("xdist_group"))
 
 
-SHORT = len(LONGEST) + 2
+RAY_LAST = ("test_faults.py", "test_ray_trainer.py", "test_warm_workers.py", "test_hang_watchdog_ray.py")
+"""Ray modules whose last run meets a failure on purpose (a killed worker, a hang): its slots are not parked
+(hybridflow.runtime.ray.warm), so the next module on that worker would start every slot anew. They come after the
+other Ray modules."""
+
+SHORT = len(LONGEST) + 3
 """The rank of the short tests that use no Ray: they come last."""
 
 
 def _rank(item) -> int:
-    """``LONGEST`` in their order, then the other ``e2e`` tests, the other Ray tests, and the short tests."""
+    """``LONGEST`` in their order, the other ``e2e`` tests, the Ray tests (``RAY_LAST`` last), the short tests."""
     for at, prefix in enumerate(LONGEST):
         if item.nodeid.startswith(prefix):
             return at
-    if item.get_closest_marker("e2e") is not None:
-        return len(LONGEST)
-    return len(LONGEST) + 1 if _is_ray_test(item) else SHORT
+    if _is_ray_test(item):
+        return len(LONGEST) + (2 if item.nodeid.split("::")[0].endswith(RAY_LAST) else 1)
+    return len(LONGEST) if item.get_closest_marker("e2e") is not None else SHORT
 
 
 def pytest_collection_modifyitems(config, items):

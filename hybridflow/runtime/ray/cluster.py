@@ -90,7 +90,7 @@ class PoolReservation:
         return (groups[0], rank) if len(groups) == 1 else (groups[rank], 0)
 
     def units(self, pool: str, size: int) -> list[tuple[tuple, PlacementGroup, list[int]]]:
-        """The groups of ``pool`` (``size`` slots) as :func:`.warm.park` takes them: (key, group, the ranks it holds)."""
+        """The groups of ``pool`` (``size`` slots) as :func:`.warm.park` takes them: (key, group, its ranks)."""
         groups = self.groups[pool]
         if len(groups) == 1:
             return [(self.keys[pool][0], groups[0], list(range(size)))]

@@ -115,7 +115,8 @@ class RemoteEnvs:
         ray.get([worker.close.remote(ks) for worker, ks in keys.items()])
 
 
-def start_env_workers(plan: ExecutionPlan, placement, bundles: Mapping[str, Mapping[str, float]]) -> dict[str, list[Any]]:
+def start_env_workers(plan: ExecutionPlan, placement, bundles: Mapping[str, Mapping[str, float]]
+                      ) -> dict[str, list[Any]]:
     """Environment pool name -> its workers, one actor per bundle of the pool's placement group (``placement(pool,
     k)``: the group and bundle index of worker ``k``, :meth:`.cluster.PoolReservation.placement`)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -1,4 +1,4 @@
-"""One Ray instance for every Ray test (start-up is the slow part), with 4 CPUs and 4 virtual GPUs.
+"""One Ray instance for every Ray test (start-up is the slow part), with 5 CPUs and 4 virtual GPUs.
 
 The GPUs are Ray resources only: slots reserve "GPU" bundles, so placement groups and
 per-worker GPU assignment run for real, while torch finds no CUDA and computes on CPU.
@@ -29,13 +29,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def start_shared_ray() -> None:
-    """The shared instance: 4 CPUs and 4 virtual GPUs on one node."""
+    """The shared instance: 5 CPUs and 4 virtual GPUs on one node (four model slots of one CPU and a GPU, and a
+    host slot of half a CPU, fit beside each other: every model slot has the shape a parked one can serve)."""
     # Reward functions and helpers of the test kit run inside the workers, which cannot import test modules.
     ray.cloudpickle.register_pickle_by_value(ray_testkit)
     # (tests/conftest.py sets RAY_TQDM_PATCH_PRINT=0 for every Ray start of the session: other tests pickle print)
     # address="local": a Ray instance of the suite's own, even when another one runs on this machine (ray.init()
     # would join that one and refuse the resource figures)
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=5, num_gpus=4, include_dashboard=False, log_to_driver=False)
     # Executors that end healthy park their slots for the next executor of this process with the same pool shapes,
     # in this module or the next (hybridflow.runtime.ray.warm): a slot's start is ~4 s of imports, a step of these
     # tests ~0.05 s. A recycled slot computes what a new one does (test_warm_workers.py).

@@ -4,9 +4,9 @@ The command's ``main()``, run in this process: it joins the shared Ray instance 
 slots an earlier module parked (a subprocess would pay ~4 s of imports, a Ray start and fresh slots); the rollout
 has a slot of its own (``actor+ref@1;actor.generate@1``). Whether a generation is still running when the step
 beside it finishes its update depends on the machine's speed, so the test checks what the interpreter decided, in
-event numbers: every generation sent ahead ran in segments of one token, a mid-generation weight sync was sent only after
-that step's update was done, the segments after it only once it was in, and the step's metrics agree with the trace
-(its tokens' mean lag is 1 without a midway sync, above 0 with one).
+event numbers: every generation sent ahead ran in segments of one token, a mid-generation weight sync was sent only
+after that step's update was done, the segments after it only once it was in, and the step's metrics agree with
+the trace (its tokens' mean lag is 1 without a midway sync, above 0 with one).
 """
 from __future__ import annotations
 

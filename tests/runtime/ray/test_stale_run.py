@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_grpo_with_staleness_one_overlaps_generation_from_the_config(ray_cluster, tmp_path, capsys):
     out = tmp_path / "run"
     command = ["run", str(ROOT / "examples/configs/grpo_arith.yaml"),
-               "placement=actor+ref@1;actor.generate@1", "executor=ray", "staleness=1", "allow_uncorrected_staleness=true",
-               "max_steps=5", "rollout_batch_size=8",
+               "placement=actor+ref@1;actor.generate@1", "executor=ray", "staleness=1",
+               "allow_uncorrected_staleness=true", "max_steps=5", "rollout_batch_size=8",
                f"output_dir={out}", "trackers=[jsonl]", "progress_bar=false", "save_freq=0", "val_samples=1"]
     assert main(command) == 0
     assert "done: 5 steps of grpo" in capsys.readouterr().out
