@@ -20,14 +20,16 @@ from __future__ import annotations
 import os
 import uuid
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import ray
 
 from ...agents.env import resolve_env
 from ...capabilities import ENV_WORKER_THREADS
-from ...compiler.plan import ExecutionPlan
-from ..topology import Topology
+
+if TYPE_CHECKING:  # an environment worker's process imports this module: it needs neither, nor the torch they import
+    from ...compiler.plan import ExecutionPlan
+    from ..topology import Topology
 
 __all__ = ["ENV_WORKER_THREADS", "EnvWorker", "RemoteEnv", "RemoteEnvs", "start_env_workers", "attach_env_pools",
            "env_worker_handles"]

@@ -103,3 +103,16 @@ def test_remote_environments_answer_and_fail_as_in_process_ones(ray_cluster):
         assert ray.get(worker.ping.remote()) and not ray.get(worker.__ray_call__.remote(lambda w: w.envs))
     finally:
         ray.kill(worker)
+
+
+def test_an_environment_worker_imports_no_torch():
+    """An environment worker's process imports the module of :class:`EnvWorker` (Ray pickles the class by
+    reference) and the environment's own: nothing of the model side, so it starts in ~0.3 s of CPU instead of ~2 s
+    and without torch's ~200 MB."""
+    import subprocess
+    import sys
+
+    code = "import sys, hybridflow.runtime.ray.env_pool; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]"], done.stdout
