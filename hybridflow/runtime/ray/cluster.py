@@ -183,7 +183,7 @@ def reserve_pools(plan: ExecutionPlan, *, resource: DeviceResource = "auto", cpu
     bundles = {name: pool.bundle for name, pool in layout.items()}
     keep = keeping_workers()
     split = keep and sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-    units: dict[str, list[tuple[tuple, int, tuple]]] = {}  # pool -> per group: (key, bundles, selectors)
+    units: dict[str, list[tuple[tuple, int, tuple]]] = {}  # pool -> per group: (key, slots, label selectors)
     for pool in plan.pools:
         spec, size = layout[pool.name], pool.workers or len(pool.devices)
         if split and not pool.workers:  # environment pools are never parked: kept whole
