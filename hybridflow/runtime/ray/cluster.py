@@ -13,12 +13,12 @@ and :func:`node_ip` give the rank-0 slot its rendezvous address.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
 import time
 from dataclasses import dataclass, field
-import itertools
 from typing import Any, Literal
 
 import ray
@@ -95,6 +95,7 @@ class PoolReservation:
         if len(groups) == 1:
             return [(self.keys[pool][0], groups[0], list(range(size)))]
         return [(key, group, [rank]) for rank, (key, group) in enumerate(zip(self.keys[pool], groups))]
+
 
 def _device_resource(resource: DeviceResource) -> str:
     if resource == "auto":
