@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from .lean_decode import rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
-__all__ = ["lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
+__all__ = ["joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
 
 
 def lean_forward_applies(backbone: torch.nn.Module) -> bool:
@@ -108,8 +108,8 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
     out_cache = []
     for index, layer in enumerate(backbone.layers):
         attn = layer.self_attn
-        qkv_weight, qkv_bias = _joined(attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = F.linear(rms_norm(h, *_norm(layer.input_layernorm), cast), qkv_weight, qkv_bias)
+        normed = rms_norm(h, *_norm(layer.input_layernorm), cast)
+        qkv = joined_linear(normed, attn.q_proj, attn.k_proj, attn.v_proj)
         if packed is not None:  # (M, ...) -> (b * Q, ...) with zeros at padding, attention's dense layout
             qkv = qkv.new_zeros(b * q_len, qkv.shape[-1]).index_copy(0, packed, qkv)
         qkv = qkv.view(b, q_len, -1, d).transpose(1, 2)
@@ -136,12 +136,52 @@ def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
 
 
 def _joined(*layers: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One ``(weight, bias)`` for ``layers`` side by side (differentiable): one matmul gives each layer's outputs."""
-    weight = torch.cat([layer.weight for layer in layers])
+    """One ``(weight, bias)`` for ``layers`` side by side (no gradient: :class:`_JoinedLinear` routes them)."""
+    weight = torch.cat([layer.weight.detach() for layer in layers])
     if all(layer.bias is None for layer in layers):
         return weight, None
-    return weight, torch.cat([layer.bias if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
+    return weight, torch.cat([layer.bias.detach() if layer.bias is not None else weight.new_zeros(layer.out_features)
                               for layer in layers])
+
+
+def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear) -> torch.Tensor:
+    """``layers``' outputs side by side, by one matmul on their joined weights: ``cat([l(x) for l in layers], -1)``."""
+    if not torch.is_grad_enabled() or not (x.requires_grad or any(l.weight.requires_grad for l in layers)):
+        return F.linear(x, *_joined(*layers))
+    biases = tuple(layer.bias for layer in layers)
+    return _JoinedLinear.apply(x, len(layers), *(layer.weight for layer in layers), *biases)
+
+
+class _JoinedLinear(torch.autograd.Function):
+    """One matmul on the concatenation of several linear layers' weights, which it does not keep for backward.
+
+    A differentiable ``torch.cat`` of the weights would keep the joined copy alive from the forward to the
+    backward, one per layer (a second copy of the projections' weights on a large model: ~270 MB on the
+    ~100M bench model); here the backward joins them again, one layer at a time, and gives each weight its
+    rows of the joint gradient. The numbers are those of the differentiable ``torch.cat`` bit for bit.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, count: int, *params):
+        weights, biases = params[:count], params[count:]
+        joined = torch.cat(weights)
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        ctx.save_for_backward(x, *weights)
+        ctx.has_bias = tuple(b is not None for b in biases)
+        return F.linear(x, joined, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, *weights = ctx.saved_tensors
+        rows = [w.shape[0] for w in weights]
+        grad_x = grad @ torch.cat(weights) if ctx.needs_input_grad[0] else None
+        flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        none = (None,) * len(rows)
+        # the joint weight gradient as autograd's mm backward computes it for a transposed weight: g^T x
+        weight_grads = (flat_grad.t() @ flat_x).split(rows) if any(ctx.needs_input_grad[2:2 + len(rows)]) else none
+        bias_grads = flat_grad.sum(0).split(rows) if any(ctx.has_bias) else none
+        return (grad_x, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
 
 
 def _mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -149,6 +189,6 @@ def _mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return module(x)
     width = module.gate_proj.out_features
-    gate, up = F.linear(x, *_joined(module.gate_proj, module.up_proj)).split(width, dim=-1)
+    gate, up = joined_linear(x, module.gate_proj, module.up_proj).split(width, dim=-1)
     act = F.silu if type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation" else module.act_fn
     return F.linear(act(gate) * up, module.down_proj.weight, module.down_proj.bias)

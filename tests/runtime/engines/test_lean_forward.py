@@ -6,7 +6,7 @@ import torch
 from engine_testkit import grouped_batch
 
 from hybridflow.data.tiny import make_tiny_model
-from hybridflow.runtime.engines.lean_forward import lean_forward_applies, lean_hidden, lean_shared_hidden
+from hybridflow.runtime.engines.lean_forward import joined_linear, lean_forward_applies, lean_hidden, lean_shared_hidden
 from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
 from hybridflow.runtime.engines.shared_prompt import prompt_groups, shared_response_hidden
 
@@ -63,6 +63,54 @@ def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(a
     _assert_same(shared, reference)
     # the embedding's padding row gets no gradient, as nn.Embedding's padding_idx has it
     assert float(shared[1]["model.embed_tokens.weight"][model.config.pad_token_id].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("biases", [(True, True, True), (False, False, False), (True, False, True)])
+def test_joined_projections_give_the_numbers_of_a_differentiable_concatenation_bit_for_bit(biases):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(16, width, bias=bias) for width, bias in zip((16, 8, 8), biases)]
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    upstream = torch.randn(3, 5, 32)
+    leaves = [x] + [p for layer in layers for p in layer.parameters()]
+
+    def outputs_and_gradients(joined):
+        for leaf in leaves:
+            leaf.grad = None
+        out = joined()
+        out.backward(upstream)
+        return [out.detach()] + [leaf.grad for leaf in leaves]
+
+    def concatenated():  # the weights joined by a differentiable torch.cat: its backward splits the joint gradient
+        bias = torch.cat([l.bias if l.bias is not None else l.weight.new_zeros(l.out_features) for l in layers])
+        return torch.nn.functional.linear(x, torch.cat([l.weight for l in layers]), bias if any(biases) else None)
+
+    ours, reference = outputs_and_gradients(lambda: joined_linear(x, *layers)), outputs_and_gradients(concatenated)
+    assert all(torch.equal(a, b) for a, b in zip(ours, reference))
+
+
+def test_an_update_keeps_no_joined_copy_of_the_weights_for_its_backward():
+    # a differentiable torch.cat of q/k/v (and gate/up) weights would be kept from the forward to the backward,
+    # one copy per layer: on a large model a second copy of most of its weights alive through the update
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).train()
+    batch = _batch(5)
+    fields = [batch[k] for k in FIELDS]
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        hidden = lean_shared_hidden(model.base_model, *fields, prompt_groups(fields[0], fields[1]))
+    hidden[batch["response_mask"].bool()].sum().backward()
+    joined = []
+    for layer in model.base_model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        joined += [torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
+                   torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()]
+    weights = {p.data_ptr() for p in model.parameters()}
+    assert any(t.data_ptr() in weights for t in saved)  # the hook sees what is kept: the weights themselves are
+    # a weight is saved as it is or as its transpose (linear keeps W.t() for its input's gradient)
+    matrices = [view for t in saved if t.dim() == 2 for view in (t, t.mT)]
+    copies = [m for m in matrices for w in joined if m.shape == w.shape and torch.equal(m, w)]
+    assert not copies
+    assert all(p.grad is not None for n, p in model.named_parameters() if "proj" in n)
 
 
 @pytest.mark.parametrize("shared", [False, True])
