@@ -36,6 +36,17 @@ def test_a_device_the_machine_lacks_is_a_config_error(fast_config, capsys):
         PPOTrainer(config=fast_config(device_map={"actor": "cuda:99"})).train()
 
 
+def test_a_ray_address_nothing_answers_at_is_a_config_error_at_once(fast_config, tmp_path):
+    # ray.init retries such an address for many minutes; nothing is sent beyond 127.0.0.1
+    from hybridflow.runtime.ray.cluster import free_port
+    from hybridflow.trainer import PPOTrainer
+
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # (the suite stops Ray before these)
+    address = f"127.0.0.1:{free_port()}"  # free a moment ago: nothing listens there
+    with pytest.raises(ConfigError, match=f"Ray cluster address '{address}': nothing answers there .*'ray start --head'"):
+        PPOTrainer(config=fast_config(executor="ray", ray_address=address, output_dir=str(tmp_path / "run"))).train()
+
+
 def test_training_a_graph_without_an_update_node_is_an_error(fast_config, monkeypatch):
     import dataclasses
 

@@ -25,10 +25,10 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from ...compiler.plan import ExecutionPlan
-from ...errors import PlacementError
+from ...errors import ConfigError, PlacementError
 from .warm import keeping_workers, pool_key, take
 
-__all__ = ["connect", "PoolReservation", "PoolLayout", "pool_groups", "reserve_pools", "release_pools", "free_port", "node_ip", "replace_lost_nodes",
+__all__ = ["connect", "check_reachable", "PoolReservation", "PoolLayout", "pool_groups", "reserve_pools", "release_pools", "free_port", "node_ip", "replace_lost_nodes",
            "DeviceResource"]
 
 DeviceResource = Literal["auto", "GPU", "CPU"]
@@ -49,10 +49,26 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus
     os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and address != "local":
+        check_reachable(address)
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
     else:
         ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=True)
     return True
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """ConfigError unless something accepts a TCP connection at ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``;
+    ``auto`` is Ray's to resolve). ``ray.init`` keeps retrying an address nothing answers at, for many minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(f"Ray cluster address {address!r}: nothing answers there ({err.strerror or err}); give the "
+                          "head node's address that 'ray start --head' printed (its GCS port, 6379 by default), 'auto' "
+                          "for the cluster started on this machine, or no address to start a Ray instance for the run"
+                          ) from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
