@@ -3,9 +3,10 @@
 :func:`run_machine` is the machine the run has (:func:`~hybridflow.compiler.local_machine` or, on Ray,
 :func:`~hybridflow.compiler.ray_machine`); :func:`~.run_spec.derive` makes the run spec (models, batch shape,
 engines, cost options, calibration) and :func:`plan_for_run` compiles it and binds it to the machine's devices.
-With ``plan=FILE`` it reads that plan instead (a plan ``hybridflow compile CONFIG.yaml`` wrote, or a run's
-plan.json), checks that its graph is the one the config builds, and binds it (a BindError names the pool whose
-devices are missing, or the layout the runtime does not run).
+With ``plan=FILE``, :func:`read_run_plan` reads that plan instead (a plan ``hybridflow compile CONFIG.yaml`` wrote,
+or a run's plan.json) and checks that its graph is the one the config builds, before the machine is started or
+joined; :func:`plan_for_run` binds it (a BindError names the pool whose devices are missing, or the layout the
+runtime does not run).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..graph.serialize import graph_to_dict
 from .config import PPOConfig
 from .run_spec import RunSpec
 
-__all__ = ["run_machine", "plan_for_run", "read_plan_file", "check_same_graph", "plan_summary"]
+__all__ = ["run_machine", "read_run_plan", "plan_for_run", "read_plan_file", "check_same_graph", "plan_summary"]
 
 log = logging.getLogger("hybridflow.trainer")
 
@@ -77,23 +78,32 @@ def read_plan_file(path: str) -> ExecutionPlan:
     return read_plan(text)
 
 
-def plan_for_run(config: PPOConfig, spec: RunSpec) -> ExecutionPlan:
-    """The bound plan this run executes (module docstring)."""
-    if config.plan:
-        plan = read_plan_file(config.plan)
-        check_same_graph(plan, spec.graph, repr(config.plan))
-        if config.staleness != plan.staleness and "staleness" in config.model_fields_set:
-            raise PlanError(f"plan {config.plan!r} has staleness {plan.staleness}, the config asks for {config.staleness}; "
-                            "drop one of them")
-        engines = {p.rollout_engine for p in plan.placements if p.rollout_engine} - {config.rollout_engine}
-        if engines and "rollout_engine" in config.model_fields_set:
-            raise PlanError(f"plan {config.plan!r} generates with rollout engine {', '.join(sorted(engines))}, the config "
-                            f"asks for {config.rollout_engine!r}; drop one of them")
+def read_run_plan(config: PPOConfig, graph: Graph) -> ExecutionPlan | None:
+    """The plan file ``config.plan`` (None without one), checked against ``graph`` and the config: a plan this
+    run cannot take is a PlanError here, before a cluster is started or joined for it."""
+    if not config.plan:
+        return None
+    plan = read_plan_file(config.plan)
+    check_same_graph(plan, graph, repr(config.plan))
+    if config.staleness != plan.staleness and "staleness" in config.model_fields_set:
+        raise PlanError(f"plan {config.plan!r} has staleness {plan.staleness}, the config asks for {config.staleness}; "
+                        "drop one of them")
+    engines = {p.rollout_engine for p in plan.placements if p.rollout_engine} - {config.rollout_engine}
+    if engines and "rollout_engine" in config.model_fields_set:
+        raise PlanError(f"plan {config.plan!r} generates with rollout engine {', '.join(sorted(engines))}, the config "
+                        f"asks for {config.rollout_engine!r}; drop one of them")
+    return plan
+
+
+def plan_for_run(config: PPOConfig, spec: RunSpec, planned: ExecutionPlan | None = None) -> ExecutionPlan:
+    """The bound plan this run executes (module docstring): ``planned`` (:func:`read_run_plan`'s) bound to the
+    run's machine, or the plan compiled from ``spec``."""
+    if planned is not None:
         if config.stream_rollouts:  # streaming is how the plan's generate ops run, not where: a plan file takes it too
             from ..runtime.streaming import mark_streaming
 
-            plan = mark_streaming(plan)
-        return bind(plan, spec.machine)
+            planned = mark_streaming(planned)
+        return bind(planned, spec.machine)
     report = spec.compile()
     log.info("compiled %s for %s in %.2f s: %s, predicted %.3g s per step", spec.graph.name, spec.machine.describe(),
              report.seconds, report.plan.strategy, report.plan.predicted_iteration_s or 0.0)

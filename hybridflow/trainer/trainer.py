@@ -131,7 +131,7 @@ class Trainer:
         from ..runtime.local import LocalExecutor
         from .progress import PhaseRecorder
         from .resume import check_fresh_start
-        from .planning import plan_for_run, plan_summary, run_machine
+        from .planning import plan_for_run, plan_summary, read_run_plan, run_machine
         from .run_spec import derive, set_process_threads
         from .setup import check_batch_sizes, check_devices, check_trainable, run_inputs
         from .trackers import build_trackers
@@ -150,10 +150,11 @@ class Trainer:
         self.graph = self.build_graph()
         check_trainable(self.graph)
         check_batch_sizes(self.graph, cfg)
+        planned = read_run_plan(cfg, self.graph)  # a plan file's faults before a Ray cluster starts for it
         self.machine = run_machine(cfg)
         set_process_threads(cfg, self.machine)
         self.run_spec = derive(cfg, self.graph, self.machine, inputs, reward_source=self._reward_source)
-        self.plan = plan_for_run(cfg, self.run_spec)
+        self.plan = plan_for_run(cfg, self.run_spec, planned)
         log.info("plan (%s, %s): %s", self.plan.strategy, self.plan.machine, plan_summary(self.plan))
         try:
             (self.output_dir / "plan.json").write_text(self.plan.to_json())

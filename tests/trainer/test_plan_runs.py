@@ -8,6 +8,7 @@ algorithm's plan, or one that needs more devices than the run has, is a named er
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -86,6 +87,12 @@ def test_a_compiled_plan_file_runs_and_a_wrong_one_is_a_named_error(tmp_path, ti
     broken.write_text(json.dumps({"version": 1, "graph": {}}))
     with pytest.raises(PlanError):
         PPOTrainer(config=_plan_config(config, broken, tmp_path / "broken")).train()
+    # a plan file's fault is named before a Ray cluster is started or joined for the run: this address is never
+    # tried (joining it would be a ConfigError: nothing answers there); the suite runs this test without Ray started
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    with pytest.raises(PlanError, match="plan='.*missing.json' cannot be read"):
+        PPOTrainer(config=_plan_config(config, tmp_path / "missing.json", tmp_path / "missing", executor="ray",
+                                       ray_address="127.0.0.1:9")).train()
 
 
 def _plan_config(config_path, plan, out, **overrides):
