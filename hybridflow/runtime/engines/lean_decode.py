@@ -50,8 +50,8 @@ import torch.nn.functional as F
 
 from .sequence import position_ids_from_mask
 
-__all__ = ["LEAN_MODEL_TYPES", "ROW_BLOCK", "LeanStepper", "lean_stepper", "rms_norm", "rotary_tables", "rotate",
-           "supports_lean", "supports_lean_backbone"]
+__all__ = ["LEAN_MODEL_TYPES", "ROW_BLOCK", "LeanStepper", "lean_stepper", "joined_weights", "rms_norm", "rotary_tables",
+           "rotate", "supports_lean", "supports_lean_backbone"]
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layers have the structure driven here."""
@@ -152,7 +152,8 @@ class LeanStepper:
         self.gqa = self.heads != self.kv_heads
         # the weights are read (and the fused ones concatenated) here, once per decode call: a call made
         # after an optimizer step sees the new weights
-        self.plan = [(_norm(layer.input_layernorm), _fused(layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+        self.plan = [(_norm(layer.input_layernorm),
+                      joined_weights(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
                       _linear(layer.self_attn.o_proj), _norm(layer.post_attention_layernorm), _mlp(layer.mlp))
                      for layer in self.layers]
         self.final_norm, self.lm_head = _norm(backbone.norm), _linear(model.lm_head)
@@ -292,19 +293,17 @@ def _linear(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]
     return module.weight, module.bias
 
 
-def _fused(parent: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One ``(weight, bias)`` for the linear layers ``names`` of ``parent``: their outputs side by side, one matmul.
+def joined_weights(*layers: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One ``(weight, bias)`` for ``layers`` side by side (no gradient): one matmul gives each layer's outputs.
 
-    Each output element is still one row of one layer's weight times the input, so the fused
+    Each output element is still one row of one layer's weight times the input, so the joined
     matmul gives the separate ones' numbers (the reference tests compare bit for bit).
     """
-    layers = [getattr(parent, name) for name in names]
     weight = torch.cat([layer.weight.detach() for layer in layers])
     if all(layer.bias is None for layer in layers):
         return weight, None
-    bias = [layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
-            for layer in layers]
-    return weight, torch.cat(bias)
+    return weight, torch.cat([layer.bias.detach() if layer.bias is not None else weight.new_zeros(layer.out_features)
+                              for layer in layers])
 
 
 def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
@@ -316,7 +315,7 @@ def _mlp(module: torch.nn.Module):
     matmul), or the module itself."""
     if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return module
-    gate_up, down = _fused(module, ("gate_proj", "up_proj")), _linear(module.down_proj)
+    gate_up, down = joined_weights(module.gate_proj, module.up_proj), _linear(module.down_proj)
     width = module.gate_proj.out_features
     act = F.silu if type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation" else module.act_fn
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_decode import rms_norm, rotary_tables, rotate, supports_lean_backbone
+from .lean_decode import joined_weights, rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
@@ -135,19 +135,10 @@ def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
     return module.weight, float(module.variance_epsilon)
 
 
-def _joined(*layers: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One ``(weight, bias)`` for ``layers`` side by side (no gradient: :class:`_JoinedLinear` routes them)."""
-    weight = torch.cat([layer.weight.detach() for layer in layers])
-    if all(layer.bias is None for layer in layers):
-        return weight, None
-    return weight, torch.cat([layer.bias.detach() if layer.bias is not None else weight.new_zeros(layer.out_features)
-                              for layer in layers])
-
-
 def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear) -> torch.Tensor:
     """``layers``' outputs side by side, by one matmul on their joined weights: ``cat([l(x) for l in layers], -1)``."""
     if not torch.is_grad_enabled() or not (x.requires_grad or any(l.weight.requires_grad for l in layers)):
-        return F.linear(x, *_joined(*layers))
+        return F.linear(x, *joined_weights(*layers))
     biases = tuple(layer.bias for layer in layers)
     return _JoinedLinear.apply(x, len(layers), *(layer.weight for layer in layers), *biases)
 
