@@ -96,8 +96,10 @@ def read_run_plan(config: PPOConfig, graph: Graph) -> ExecutionPlan | None:
 
 
 def plan_for_run(config: PPOConfig, spec: RunSpec, planned: ExecutionPlan | None = None) -> ExecutionPlan:
-    """The bound plan this run executes (module docstring): ``planned`` (:func:`read_run_plan`'s) bound to the
-    run's machine, or the plan compiled from ``spec``."""
+    """The bound plan this run executes (module docstring): the plan file's (``planned``, if the caller read it with
+    :func:`read_run_plan` already) bound to the run's machine, or the plan compiled from ``spec``."""
+    if planned is None:
+        planned = read_run_plan(config, spec.graph)
     if planned is not None:
         if config.stream_rollouts:  # streaming is how the plan's generate ops run, not where: a plan file takes it too
             from ..runtime.streaming import mark_streaming

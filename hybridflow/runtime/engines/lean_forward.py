@@ -136,8 +136,9 @@ def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
 
 
 def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear) -> torch.Tensor:
-    """``layers``' outputs side by side, by one matmul on their joined weights: ``cat([l(x) for l in layers], -1)``."""
-    if not torch.is_grad_enabled() or not (x.requires_grad or any(l.weight.requires_grad for l in layers)):
+    """``layers``' outputs side by side (``cat([layer(x) for layer in layers], -1)``) by one matmul on their joined
+    weights; with gradients, :class:`_JoinedLinear`."""
+    if not torch.is_grad_enabled() or not (x.requires_grad or any(layer.weight.requires_grad for layer in layers)):
         return F.linear(x, *joined_weights(*layers))
     biases = tuple(layer.bias for layer in layers)
     return _JoinedLinear.apply(x, len(layers), *(layer.weight for layer in layers), *biases)

@@ -81,8 +81,8 @@ def test_joined_projections_give_the_numbers_of_a_differentiable_concatenation_b
         return [out.detach()] + [leaf.grad for leaf in leaves]
 
     def concatenated():  # the weights joined by a differentiable torch.cat: its backward splits the joint gradient
-        bias = torch.cat([l.bias if l.bias is not None else l.weight.new_zeros(l.out_features) for l in layers])
-        return torch.nn.functional.linear(x, torch.cat([l.weight for l in layers]), bias if any(biases) else None)
+        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
+        return torch.nn.functional.linear(x, torch.cat([m.weight for m in layers]), bias if any(biases) else None)
 
     ours, reference = outputs_and_gradients(lambda: joined_linear(x, *layers)), outputs_and_gradients(concatenated)
     assert all(torch.equal(a, b) for a, b in zip(ours, reference))
