@@ -103,6 +103,9 @@ class FSDPTrainEngine(TrainEngine):
         metric_prefix / device: as for TrainEngine.
     """
 
+    keeps_gradient_buffers = False
+    """FSDP puts each step's reduced gradient shards on the parameters itself: they are dropped after each step."""
+
     def __init__(self, module: torch.nn.Module, config: TrainEngineConfig | None = None, *, mesh: DeviceMesh,
                  metric_prefix: str = "actor", device: str | torch.device | None = None):
         if mesh.ndim != 1:

@@ -10,8 +10,8 @@ of cached keys/values) computed on the model's own parameters, with gradients, b
 use it where it applies:
 
 - the model's ``embed_tokens`` module (its ``padding_idx`` keeps the padding row's gradient 0),
-- per layer: RMSNorm inlined, ``q/k/v_proj`` as one matmul on their concatenated weights (a
-  differentiable ``torch.cat``, so each projection's gradient is its block of the joint one),
+- per layer: RMSNorm inlined, ``q/k/v_proj`` side by side into one output (:func:`joined_linear`:
+  each projection's gradient is its block of the joint one, with no copy of the weights),
   the Llama rotary embedding on q and k together, scaled dot-product attention under one bool
   mask built once per call, ``o_proj``, residual, RMSNorm, the gated MLP with ``gate/up_proj``
   as one matmul, residual; then the final norm.
@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_decode import joined_weights, rms_norm, rotary_tables, rotate, supports_lean_backbone
+from .lean_decode import JOIN_LIMIT, linear_into, rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
@@ -139,40 +139,50 @@ def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear) -> torch.Tensor:
     """``layers``' outputs side by side (``cat([layer(x) for layer in layers], -1)``) by one matmul on their joined
     weights; with gradients, :class:`_JoinedLinear`."""
     if not torch.is_grad_enabled() or not (x.requires_grad or any(layer.weight.requires_grad for layer in layers)):
-        return F.linear(x, *joined_weights(*layers))
+        return linear_into(x, [layer.weight for layer in layers], [layer.bias for layer in layers])
     biases = tuple(layer.bias for layer in layers)
     return _JoinedLinear.apply(x, len(layers), *(layer.weight for layer in layers), *biases)
 
 
 class _JoinedLinear(torch.autograd.Function):
-    """One matmul on the concatenation of several linear layers' weights, which it does not keep for backward.
+    """Several linear layers' outputs side by side, with no joined copy of their weights.
 
-    A differentiable ``torch.cat`` of the weights would keep the joined copy alive from the forward to the
-    backward, one per layer (a second copy of the projections' weights on a large model: ~270 MB on the
-    ~100M bench model); here the backward joins them again, one layer at a time, and gives each weight its
-    rows of the joint gradient. The numbers are those of the differentiable ``torch.cat`` bit for bit.
+    The forward writes each layer's columns of one output (:func:`~.lean_decode.linear_into`: the numbers of
+    one matmul on the concatenated weights, bit for bit). A differentiable ``torch.cat`` of the weights would
+    also keep the joined copy alive from the forward to the backward, one per layer (a second copy of the
+    projections' weights on a large model: ~270 MB on the ~100M bench model). The backward gives each weight
+    the gradient of its columns (each the joint gradient's rows, bit for bit), and the input's gradient one
+    matmul on the weights joined again, one layer at a time, when they hold at most
+    :data:`~.lean_decode.JOIN_LIMIT` elements (so the numbers of a differentiable ``torch.cat`` bit for bit),
+    else a sum of one matmul per layer (equal up to float summation order, with no copy).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, count: int, *params):
         weights, biases = params[:count], params[count:]
-        joined = torch.cat(weights)
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
         ctx.save_for_backward(x, *weights)
         ctx.has_bias = tuple(b is not None for b in biases)
-        return F.linear(x, joined, bias)
+        return linear_into(x, weights, biases)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, *weights = ctx.saved_tensors
         rows = [w.shape[0] for w in weights]
-        grad_x = grad @ torch.cat(weights) if ctx.needs_input_grad[0] else None
         flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        none = (None,) * len(rows)
-        # the joint weight gradient as autograd's mm backward computes it for a transposed weight: g^T x
-        weight_grads = (flat_grad.t() @ flat_x).split(rows) if any(ctx.needs_input_grad[2:2 + len(rows)]) else none
-        bias_grads = flat_grad.sum(0).split(rows) if any(ctx.has_bias) else none
+        blocks = flat_grad.split(rows, dim=-1)  # each layer's columns (views)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            if sum(w.numel() for w in weights) <= JOIN_LIMIT:
+                grad_x = grad @ torch.cat(weights)
+            else:
+                grad_x = blocks[0] @ weights[0]
+                for block, weight in zip(blocks[1:], weights[1:]):
+                    grad_x.addmm_(block, weight)
+                grad_x = grad_x.view(*grad.shape[:-1], grad_x.shape[-1])
+        # each weight's gradient as autograd's mm backward computes it for a transposed weight: g^T x
+        weight_grads = tuple(block.t() @ flat_x if needed else None
+                             for block, needed in zip(blocks, ctx.needs_input_grad[2:2 + len(rows)]))
+        bias_grads = flat_grad.sum(0).split(rows) if any(ctx.has_bias) else (None,) * len(rows)
         return (grad_x, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
 
 

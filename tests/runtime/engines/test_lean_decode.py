@@ -14,6 +14,7 @@ import torch
 
 from hybridflow.data.tiny import make_tiny_model
 from hybridflow.errors import ExecutionError
+from hybridflow.runtime.engines import lean_decode
 from hybridflow.runtime.engines.decode import decode
 from hybridflow.runtime.engines.lean_decode import supports_lean
 from hybridflow.runtime.engines.sampling import SamplingParams
@@ -61,6 +62,16 @@ def test_same_tokens_and_log_probs_as_the_transformers_loop(arch, lengths, n):
     ref, lean = _both(model, ids, mask, SamplingParams(n=n, max_new_tokens=24), seed=n)
     _assert_same(ref, lean)
     assert ref.response_ids.shape == (len(lengths) * n, 24)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_layers_run_side_by_side_without_joined_weights_decode_alike(arch, monkeypatch):
+    # above JOIN_LIMIT (here: always) q/k/v and gate/up write their columns of one output, with no weight copy
+    monkeypatch.setattr(lean_decode, "JOIN_LIMIT", 0)
+    model = _model(arch)
+    ids, mask = _prompts([1, 4, 9], seed=7)
+    ref, lean = _both(model, ids, mask, SamplingParams(n=4, max_new_tokens=24), seed=4)
+    _assert_same(ref, lean)
 
 
 def test_eos_in_the_middle_and_finished_rows_padded():
@@ -188,10 +199,13 @@ def test_greedy_tokens_are_transformers_generate_and_log_probs_its_forward(arch)
     torch.testing.assert_close(lean.log_probs, reference * lean.response_mask, rtol=1e-5, atol=1e-5)
 
 
-def test_the_fused_weights_follow_an_optimizer_step_and_a_weight_load():
-    """q/k/v and gate/up are concatenated when a decode call starts: a call after an update sees the new weights."""
+@pytest.mark.parametrize("join_limit", [1 << 20, 0], ids=["joined", "side-by-side"])
+def test_the_fused_weights_follow_an_optimizer_step_and_a_weight_load(join_limit, monkeypatch):
+    """q/k/v and gate/up are concatenated when a decode call starts (or read in place): a call after an update
+    sees the new weights."""
     from hybridflow.runtime.engines import HFRolloutEngine
 
+    monkeypatch.setattr(lean_decode, "JOIN_LIMIT", join_limit)
     model = _model("qwen2")
     ids, mask = _prompts([3, 6, 2], seed=8)
     params = SamplingParams(n=2, max_new_tokens=10)

@@ -6,6 +6,8 @@ import torch
 from engine_testkit import grouped_batch
 
 from hybridflow.data.tiny import make_tiny_model
+from hybridflow.runtime.engines import lean_forward
+from hybridflow.runtime.engines.lean_decode import joined_weights, linear_into
 from hybridflow.runtime.engines.lean_forward import joined_linear, lean_forward_applies, lean_hidden, lean_shared_hidden
 from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
 from hybridflow.runtime.engines.shared_prompt import prompt_groups, shared_response_hidden
@@ -65,27 +67,42 @@ def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(a
     assert float(shared[1]["model.embed_tokens.weight"][model.config.pad_token_id].abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("join_limit", [1 << 20, 0], ids=["small-joined", "large-per-layer"])
 @pytest.mark.parametrize("biases", [(True, True, True), (False, False, False), (True, False, True)])
-def test_joined_projections_give_the_numbers_of_a_differentiable_concatenation_bit_for_bit(biases):
+def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biases, join_limit, monkeypatch):
+    # below JOIN_LIMIT the input's gradient is one matmul on the weights joined again, above it one per layer
+    monkeypatch.setattr(lean_forward, "JOIN_LIMIT", join_limit)
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(16, width, bias=bias) for width, bias in zip((16, 8, 8), biases)]
-    x = torch.randn(3, 5, 16, requires_grad=True)
-    upstream = torch.randn(3, 5, 32)
+    layers = [torch.nn.Linear(48, width, bias=bias) for width, bias in zip((48, 16, 16), biases)]
+    x = torch.randn(3, 5, 48, requires_grad=True)
+    upstream = torch.randn(3, 5, 80)
     leaves = [x] + [p for layer in layers for p in layer.parameters()]
 
-    def outputs_and_gradients(joined):
+    def outputs_and_gradients(side_by_side):
         for leaf in leaves:
             leaf.grad = None
-        out = joined()
+        out = side_by_side()
         out.backward(upstream)
         return [out.detach()] + [leaf.grad for leaf in leaves]
 
-    def concatenated():  # the weights joined by a differentiable torch.cat: its backward splits the joint gradient
-        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
-        return torch.nn.functional.linear(x, torch.cat([m.weight for m in layers]), bias if any(biases) else None)
+    ours = outputs_and_gradients(lambda: joined_linear(x, *layers))
+    reference = outputs_and_gradients(lambda: torch.cat([layer(x) for layer in layers], dim=-1))
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    # each weight's gradient is the same mm of its own columns as the layer's backward takes, to the bit
+    assert all(torch.equal(a, b) for a, b in zip(ours[1:], reference[1:]) if a.dim() == 2)
 
-    ours, reference = outputs_and_gradients(lambda: joined_linear(x, *layers)), outputs_and_gradients(concatenated)
-    assert all(torch.equal(a, b) for a, b in zip(ours, reference))
+
+def test_linear_into_gives_the_layers_outputs_side_by_side_and_the_joined_matmuls_numbers():
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, width) for width in (256, 128, 128)]
+    x = torch.randn(64, 1, 256)
+    with torch.no_grad():
+        joined = torch.nn.functional.linear(x, *joined_weights(*layers))
+        sliced = linear_into(x, [m.weight for m in layers], [m.bias for m in layers])
+        torch.testing.assert_close(sliced, torch.cat([m(x) for m in layers], dim=-1), rtol=1e-6, atol=1e-6)
+    assert sliced.shape == joined.shape
+    torch.testing.assert_close(sliced, joined, rtol=1e-6, atol=1e-6)
 
 
 def test_an_update_keeps_no_joined_copy_of_the_weights_for_its_backward():

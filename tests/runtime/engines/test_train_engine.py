@@ -107,7 +107,31 @@ def test_nan_loss_skips_the_step_without_crashing(tokenizer, model):
     assert metrics["actor/nan_skipped"] == 1.0  # the first mini-batch; the second one stepped
     assert all(math.isfinite(v) for v in metrics.values())
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert all(p.grad is None for p in model.parameters())
+    # the non-finite gradients went with their step: what is left is the stepped mini-batch's (kept on the CPU)
+    assert all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+
+
+def test_gradient_buffers_kept_between_steps_give_the_numbers_of_fresh_ones(tokenizer, model):
+    batch = rollout(tokenizer, model, n=2)
+    config = TrainEngineConfig(lr=1e-2, weight_decay=0.1, mini_batch_size=4, micro_batch_size=2)
+    kept, fresh = TrainEngine(copy.deepcopy(model), config), TrainEngine(copy.deepcopy(model), config)
+    fresh.keeps_gradient_buffers = False
+    for _ in range(3):
+        assert kept.update(batch, PG) == fresh.update(batch, PG)
+    assert all(torch.equal(a, b) for a, b in zip(kept.module.state_dict().values(), fresh.module.state_dict().values()))
+    assert all(p.grad is not None for p in kept.module.parameters())  # kept: the buffers the next backward adds into
+    assert all(p.grad is None for p in fresh.module.parameters())
+
+
+def test_a_kept_gradient_buffer_no_backward_touches_leaves_its_parameter_alone(tokenizer, model):
+    # AdamW skips a parameter whose gradient is None; a kept buffer zeroed but untouched is set back to None,
+    # or weight decay (and the moments of earlier steps) would move a parameter no loss depends on
+    model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
+    engine = TrainEngine(model, TrainEngineConfig(lr=1e-2, weight_decay=0.1))
+    model.unused.grad = torch.full((3,), 0.5)  # a buffer left from a step in which it was used
+    engine.update(rollout(tokenizer, model), PG)
+    assert torch.equal(model.unused.detach(), torch.ones(3)) and model.unused.grad is None
+    assert model.lm_head.weight.grad is not None
 
 
 def test_metric_keys_and_lr_schedule(tokenizer, model):
