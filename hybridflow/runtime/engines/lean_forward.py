@@ -190,7 +190,53 @@ def _mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The gated MLP ``down(act(gate(x)) * up(x))`` with gate and up as one matmul (a non-gated MLP: the module)."""
     if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return module(x)
-    width = module.gate_proj.out_features
-    gate, up = joined_linear(x, module.gate_proj, module.up_proj).split(width, dim=-1)
-    act = F.silu if type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation" else module.act_fn
-    return F.linear(act(gate) * up, module.down_proj.weight, module.down_proj.bias)
+    both = joined_linear(x, module.gate_proj, module.up_proj)
+    down = module.down_proj
+    silu = type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation"
+    if silu and module.gate_proj.out_features == module.up_proj.out_features and torch.is_grad_enabled() and (
+            both.requires_grad or down.weight.requires_grad):
+        return _SwiGLUDown.apply(both, down.weight, down.bias)
+    gate, up = both.split(module.gate_proj.out_features, dim=-1)
+    act = F.silu if silu else module.act_fn
+    return F.linear(act(gate) * up, down.weight, down.bias)
+
+
+class _SwiGLUDown(torch.autograd.Function):
+    """``down(silu(gate) * up)`` from the joined ``[gate, up]`` projections, keeping them and ``silu(gate)`` for
+    the backward.
+
+    Autograd would keep the product ``silu(gate) * up`` as well (one more ``(tokens, intermediate)`` tensor a
+    layer: ~48 MB on the ~100M bench model's update), and join the gradients of ``gate`` and ``up`` by a copy;
+    here the backward computes the product again (one element-wise op, where the copy it saves is two such
+    tensors) and writes the two gradients into the halves of one tensor. Each step is the operation autograd's
+    backward runs (``silu_backward``, the products, the linear's two matmuls), so the numbers are autograd's
+    to the bit (tests/runtime/engines/test_lean_forward.py). Recomputing ``silu(gate)`` too saved another such
+    tensor but cost the ~8M bench model's update 1.5% (measured, three alternating runs).
+    """
+
+    @staticmethod
+    def forward(ctx, both: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        gate, up = both.chunk(2, dim=-1)
+        activated = F.silu(gate)
+        ctx.save_for_backward(both, activated, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(activated * up, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        both, activated, weight = ctx.saved_tensors
+        gate, up = both.chunk(2, dim=-1)
+        flat_grad = grad.reshape(-1, grad.shape[-1])
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            product = activated * up
+            grad_weight = flat_grad.t() @ product.reshape(-1, product.shape[-1])
+        grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_both = None
+        if ctx.needs_input_grad[0]:
+            grad_product = (flat_grad @ weight).view(*grad.shape[:-1], weight.shape[-1])
+            grad_both = torch.empty_like(both)
+            grad_gate, grad_up = grad_both.chunk(2, dim=-1)
+            torch.mul(grad_product, activated, out=grad_up)
+            torch.ops.aten.silu_backward(grad_product * up, gate, grad_input=grad_gate)
+        return grad_both, grad_weight, grad_bias

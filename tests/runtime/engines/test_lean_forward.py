@@ -105,6 +105,47 @@ def test_linear_into_gives_the_layers_outputs_side_by_side_and_the_joined_matmul
     torch.testing.assert_close(sliced, joined, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,bias", [((37, 128), False), ((3, 5, 128), True)])
+def test_the_gated_mlp_gives_autograds_numbers_to_the_bit(shape, bias):
+    torch.manual_seed(0)
+    width = shape[-1] // 2
+    both = torch.randn(*shape, requires_grad=True)
+    down = torch.nn.Linear(width, 24, bias=bias)
+    upstream = torch.randn(*shape[:-1], 24)
+    leaves = [both, *down.parameters()]
+
+    def outputs_and_gradients(mlp):
+        for leaf in leaves:
+            leaf.grad = None
+        out = mlp()
+        out.backward(upstream)
+        return [out.detach()] + [leaf.grad for leaf in leaves]
+
+    def autograd():
+        gate, up = both.split(width, dim=-1)
+        return down(torch.nn.functional.silu(gate) * up)
+
+    ours = outputs_and_gradients(lambda: lean_forward._SwiGLUDown.apply(both, down.weight, down.bias))
+    assert all(torch.equal(a, b) for a, b in zip(ours, outputs_and_gradients(autograd)))
+
+
+def test_the_gated_mlp_keeps_no_product_for_backward():
+    # autograd would keep silu(gate) * up as well: one more (tokens, intermediate) tensor a layer
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=1, heads=4, kv_heads=2).train()
+    mlp = model.base_model.layers[0].mlp
+    x = torch.randn(7, 32, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = lean_forward._mlp(mlp, x)
+    out.sum().backward()
+    allowed = {x.untyped_storage().data_ptr()} | {p.untyped_storage().data_ptr() for p in mlp.parameters()}
+    kept = {t.untyped_storage().data_ptr(): t for t in saved if t.untyped_storage().data_ptr() not in allowed}
+    width = mlp.gate_proj.out_features
+    assert sorted(t.shape for t in kept.values()) == [(7, width), (7, 2 * width)]  # silu(gate); [gate, up]
+    assert all(p.grad is not None for p in mlp.parameters()) and x.grad is not None
+
+
 def test_an_update_keeps_no_joined_copy_of_the_weights_for_its_backward():
     # a differentiable torch.cat of q/k/v (and gate/up) weights would be kept from the forward to the backward,
     # one copy per layer: on a large model a second copy of most of its weights alive through the update
