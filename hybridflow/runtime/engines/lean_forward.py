@@ -10,8 +10,9 @@ of cached keys/values) computed on the model's own parameters, with gradients, b
 use it where it applies:
 
 - the model's ``embed_tokens`` module (its ``padding_idx`` keeps the padding row's gradient 0),
-- per layer: RMSNorm inlined, ``q/k/v_proj`` side by side into one output (:func:`joined_linear`:
-  each projection's gradient is its block of the joint one, with no copy of the weights),
+- per layer: RMSNorm inlined, ``q/k/v_proj`` side by side into one output (:func:`joined_linear`: one
+  matmul on their joined weights when they are small, each writing its columns when large; each
+  projection's gradient is its block of the joint one, and no joined copy is kept for the backward),
   the Llama rotary embedding on q and k together, scaled dot-product attention under one bool
   mask built once per call, ``o_proj``, residual, RMSNorm, the gated MLP with ``gate/up_proj``
   as one matmul, residual; then the final norm.
@@ -37,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_decode import JOIN_LIMIT, linear_into, rms_norm, rotary_tables, rotate, supports_lean_backbone
+from .lean_decode import JOIN_LIMIT, linear_into, side_by_side, rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
@@ -139,22 +140,23 @@ def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear) -> torch.Tensor:
     """``layers``' outputs side by side (``cat([layer(x) for layer in layers], -1)``) by one matmul on their joined
     weights; with gradients, :class:`_JoinedLinear`."""
     if not torch.is_grad_enabled() or not (x.requires_grad or any(layer.weight.requires_grad for layer in layers)):
-        return linear_into(x, [layer.weight for layer in layers], [layer.bias for layer in layers])
+        return side_by_side(*layers)(x)
     biases = tuple(layer.bias for layer in layers)
     return _JoinedLinear.apply(x, len(layers), *(layer.weight for layer in layers), *biases)
 
 
 class _JoinedLinear(torch.autograd.Function):
-    """Several linear layers' outputs side by side, with no joined copy of their weights.
+    """Several linear layers' outputs side by side, keeping no joined copy of their weights for the backward.
 
-    The forward writes each layer's columns of one output (:func:`~.lean_decode.linear_into`: the numbers of
-    one matmul on the concatenated weights, bit for bit). A differentiable ``torch.cat`` of the weights would
-    also keep the joined copy alive from the forward to the backward, one per layer (a second copy of the
-    projections' weights on a large model: ~270 MB on the ~100M bench model). The backward gives each weight
-    the gradient of its columns (each the joint gradient's rows, bit for bit), and the input's gradient one
-    matmul on the weights joined again, one layer at a time, when they hold at most
-    :data:`~.lean_decode.JOIN_LIMIT` elements (so the numbers of a differentiable ``torch.cat`` bit for bit),
-    else a sum of one matmul per layer (equal up to float summation order, with no copy).
+    A differentiable ``torch.cat`` of the weights would keep the joined copy alive from the forward to the
+    backward, one per layer (a second copy of the projections' weights on a large model: ~270 MB on the ~100M
+    bench model). Layers holding at most :data:`~.lean_decode.JOIN_LIMIT` weights together (the per-call
+    cost of several small matmuls is what joining saves) run as one matmul on their weights joined for the
+    forward and again for the backward's input gradient: the numbers of a differentiable ``torch.cat``, bit
+    for bit. Larger ones join nothing: each writes its columns of the output
+    (:func:`~.lean_decode.linear_into`), each weight's gradient is the product of its own columns (the
+    joint gradient's rows, bit for bit), and the input's gradient a sum of one product per layer (equal up
+    to float summation order).
     """
 
     @staticmethod
@@ -162,26 +164,33 @@ class _JoinedLinear(torch.autograd.Function):
         weights, biases = params[:count], params[count:]
         ctx.save_for_backward(x, *weights)
         ctx.has_bias = tuple(b is not None for b in biases)
-        return linear_into(x, weights, biases)
+        ctx.joined = sum(w.numel() for w in weights) <= JOIN_LIMIT
+        if not ctx.joined:
+            return linear_into(x, weights, biases)
+        bias = None if not any(ctx.has_bias) else torch.cat(
+            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        return F.linear(x, torch.cat(weights), bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, *weights = ctx.saved_tensors
         rows = [w.shape[0] for w in weights]
         flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        blocks = flat_grad.split(rows, dim=-1)  # each layer's columns (views)
+        wanted = ctx.needs_input_grad[2:2 + len(rows)]
         grad_x = None
-        if ctx.needs_input_grad[0]:
-            if sum(w.numel() for w in weights) <= JOIN_LIMIT:
+        if ctx.joined:
+            if ctx.needs_input_grad[0]:
                 grad_x = grad @ torch.cat(weights)
-            else:
+            # the joint weight gradient as autograd's mm backward computes it for a transposed weight: g^T x
+            weight_grads = (flat_grad.t() @ flat_x).split(rows) if any(wanted) else (None,) * len(rows)
+        else:
+            blocks = flat_grad.split(rows, dim=-1)  # each layer's columns (views)
+            if ctx.needs_input_grad[0]:
                 grad_x = blocks[0] @ weights[0]
                 for block, weight in zip(blocks[1:], weights[1:]):
                     grad_x.addmm_(block, weight)
                 grad_x = grad_x.view(*grad.shape[:-1], grad_x.shape[-1])
-        # each weight's gradient as autograd's mm backward computes it for a transposed weight: g^T x
-        weight_grads = tuple(block.t() @ flat_x if needed else None
-                             for block, needed in zip(blocks, ctx.needs_input_grad[2:2 + len(rows)]))
+            weight_grads = tuple(block.t() @ flat_x if needed else None for block, needed in zip(blocks, wanted))
         bias_grads = flat_grad.sum(0).split(rows) if any(ctx.has_bias) else (None,) * len(rows)
         return (grad_x, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
 

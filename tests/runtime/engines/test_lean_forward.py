@@ -91,6 +91,13 @@ def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biase
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     # each weight's gradient is the same mm of its own columns as the layer's backward takes, to the bit
     assert all(torch.equal(a, b) for a, b in zip(ours[1:], reference[1:]) if a.dim() == 2)
+    if join_limit:  # small layers: one matmul on the joined weights, a differentiable torch.cat's numbers to the bit
+
+        def concatenated():
+            bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
+            return torch.nn.functional.linear(x, torch.cat([m.weight for m in layers]), bias if any(biases) else None)
+
+        assert all(torch.equal(a, b) for a, b in zip(ours, outputs_and_gradients(concatenated)))
 
 
 def test_linear_into_gives_the_layers_outputs_side_by_side_and_the_joined_matmuls_numbers():
