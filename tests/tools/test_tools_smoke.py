@@ -40,7 +40,7 @@ SCRIPTS = (
     "bench_agent_calc.py", "bench_agent_rollout.py", "bench_async.py", "sandbox_faults.py",
     "bench_bytecode.py", "bench_checkpoint.py", "bench_contracts.py", "bench_hashes.py", "compare_verl_corrections.py", "count_step_files.py", "bench_dispatch.py", "bench_learning.py", "bench_logprob.py",
     "bench_neighbour.py", "bench_overhead.py", "bench_overlap.py", "bench_placement.py", "bench_placements.py",
-    "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
+    "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_roofline.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
     "bench_calibration.py", "bench_warm_workers.py",
@@ -155,6 +155,16 @@ def test_bench_rollout_decode_spread_lengths_count_the_row_steps(capsys):
                                                 "--spread", "--json"], capsys)
     assert result["same_tokens"] and result["spread"] and 0 < result["response_len"] <= 8
     assert result["lean_row_steps"] <= result["hf_row_steps"] == result["row_steps_all_rows"]
+
+
+def test_bench_roofline_sums_the_products_of_the_rows_still_going(capsys):
+    result, out = run("bench_roofline.py", ["--size", "tiny", "--new-tokens", "4", "--prompts", "2", "--group", "2",
+                                            "--batches", "3", "--repeats", "1", "--trl-step", "0.05"], capsys)
+    assert result["rows"] == 4 and 1 <= result["mean_response_len"] <= 4
+    assert 0 < result["row_steps"] <= 4 * 3  # no row is fed more than its tokens after the first
+    assert result["update_tokens"] == 2 * 5 + round(4 * result["mean_response_len"])
+    assert result["decode_s"] > 0 and result["update_s"] > 0
+    assert "2x TRL's 0.050 s is 0.025 s a step" in out
 
 
 def test_bench_overhead_runs_one_pair_of_the_same_steps(capsys):
