@@ -77,7 +77,7 @@ remaining rows' KV buffers once, so the copies cost a bounded multiple of one bu
 JOIN_LIMIT = 1 << 20
 """Linear layers run side by side (q/k/v, gate/up) whose weights hold at most this many elements together are
 joined into one copy per decode call, one matmul a step (:func:`side_by_side`); larger ones write their columns
-of one output each (:func:`linear_into`), the same numbers to the bit without copying the weights: on the ~100M
+of one output each (:func:`linear_into`: the same dot products) without copying the weights: on the ~100M
 bench model the copies were 272 MB a decode call. Measured on this project's CPU, one thread: on the ~8M model's
 q/k/v (256 -> 512, 64 rows) the joined copy is 10% faster a call than three matmuls, on the ~100M model's
 gate/up (768 -> 6144, 16 rows) the slices are 3% faster than the copy and its matmul."""
@@ -320,8 +320,9 @@ def linear_into(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch
 
     Each layer's matmul writes its block of columns of one ``(..., sum of out_features)`` output in place
     (BLAS writes a column block of a row-major matrix through its leading dimension). Each output element
-    is the same dot product as in the joined matmul, computed by the same kernel: the numbers of
-    :func:`joined_weights`' matmul, bit for bit (tests/runtime/engines/test_lean_forward.py). No gradient.
+    is the same dot product as in the joined matmul: at the bench models' widths (256 and 768 in, 128 and
+    more out) this CPU's BLAS gives the joined matmul's numbers to the bit; a matmul a few columns wide
+    may take another kernel and differ in the last bits (measured at 16 in, 8 out). No gradient.
     """
     flat = x.reshape(-1, x.shape[-1])
     out = flat.new_empty(flat.shape[0], sum(w.shape[0] for w in weights))

@@ -154,9 +154,9 @@ class _JoinedLinear(torch.autograd.Function):
     cost of several small matmuls is what joining saves) run as one matmul on their weights joined for the
     forward and again for the backward's input gradient: the numbers of a differentiable ``torch.cat``, bit
     for bit. Larger ones join nothing: each writes its columns of the output
-    (:func:`~.lean_decode.linear_into`), each weight's gradient is the product of its own columns (the
-    joint gradient's rows, bit for bit), and the input's gradient a sum of one product per layer (equal up
-    to float summation order).
+    (:func:`~.lean_decode.linear_into`), each weight's gradient is the product of its own columns (as the
+    separate layer's backward computes it, bit for bit), and the input's gradient a sum of one product per
+    layer (equal up to float summation order).
     """
 
     @staticmethod

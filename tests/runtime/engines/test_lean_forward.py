@@ -1,6 +1,8 @@
 """The lean train forward: the transformers backbone's states and gradients, and the transformers forward where it cannot be exact."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from engine_testkit import grouped_batch
@@ -67,6 +69,15 @@ def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(a
     assert float(shared[1]["model.embed_tokens.weight"][model.config.pad_token_id].abs().max()) == 0.0
 
 
+def _outputs_and_gradients(forward, *, leaves: list[torch.Tensor], upstream: torch.Tensor) -> list[torch.Tensor]:
+    """``forward()``'s output and the gradients of ``leaves`` after its backward from ``upstream``."""
+    for leaf in leaves:
+        leaf.grad = None
+    out = forward()
+    out.backward(upstream)
+    return [out.detach()] + [leaf.grad for leaf in leaves]
+
+
 @pytest.mark.parametrize("join_limit", [1 << 20, 0], ids=["small-joined", "large-per-layer"])
 @pytest.mark.parametrize("biases", [(True, True, True), (False, False, False), (True, False, True)])
 def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biases, join_limit, monkeypatch):
@@ -77,14 +88,7 @@ def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biase
     x = torch.randn(3, 5, 48, requires_grad=True)
     upstream = torch.randn(3, 5, 80)
     leaves = [x] + [p for layer in layers for p in layer.parameters()]
-
-    def outputs_and_gradients(side_by_side):
-        for leaf in leaves:
-            leaf.grad = None
-        out = side_by_side()
-        out.backward(upstream)
-        return [out.detach()] + [leaf.grad for leaf in leaves]
-
+    outputs_and_gradients = functools.partial(_outputs_and_gradients, leaves=leaves, upstream=upstream)
     ours = outputs_and_gradients(lambda: joined_linear(x, *layers))
     reference = outputs_and_gradients(lambda: torch.cat([layer(x) for layer in layers], dim=-1))
     for a, b in zip(ours, reference):
@@ -100,7 +104,7 @@ def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biase
         assert all(torch.equal(a, b) for a, b in zip(ours, outputs_and_gradients(concatenated)))
 
 
-def test_linear_into_gives_the_layers_outputs_side_by_side_and_the_joined_matmuls_numbers():
+def test_linear_into_gives_the_layers_outputs_side_by_side():
     torch.manual_seed(0)
     layers = [torch.nn.Linear(256, width) for width in (256, 128, 128)]
     x = torch.randn(64, 1, 256)
@@ -119,14 +123,8 @@ def test_the_gated_mlp_gives_autograds_numbers_to_the_bit(shape, bias):
     both = torch.randn(*shape, requires_grad=True)
     down = torch.nn.Linear(width, 24, bias=bias)
     upstream = torch.randn(*shape[:-1], 24)
-    leaves = [both, *down.parameters()]
-
-    def outputs_and_gradients(mlp):
-        for leaf in leaves:
-            leaf.grad = None
-        out = mlp()
-        out.backward(upstream)
-        return [out.detach()] + [leaf.grad for leaf in leaves]
+    outputs_and_gradients = functools.partial(_outputs_and_gradients, leaves=[both, *down.parameters()],
+                                              upstream=upstream)
 
     def autograd():
         gate, up = both.split(width, dim=-1)
