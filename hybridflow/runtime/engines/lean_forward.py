@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_decode import JOIN_LIMIT, linear_into, side_by_side, rms_norm, rotary_tables, rotate, supports_lean_backbone
+from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
@@ -153,7 +153,8 @@ class _JoinedLinear(torch.autograd.Function):
     bench model). Layers holding at most :data:`~.lean_decode.JOIN_LIMIT` weights together (the per-call
     cost of several small matmuls is what joining saves) run as one matmul on their weights joined for the
     forward and again for the backward's input gradient: the numbers of a differentiable ``torch.cat``, bit
-    for bit. Larger ones join nothing: each writes its columns of the output
+    for bit, where the joined weight holds fewer than :data:`~.lean_decode.PACK_MIN` elements (from there
+    both products are oneDNN's, :func:`~.lean_decode.dense`: equal up to float summation order). Larger ones join nothing: each writes its columns of the output
     (:func:`~.lean_decode.linear_into`), each weight's gradient is the product of its own columns (as the
     separate layer's backward computes it, bit for bit), and the input's gradient a sum of one product per
     layer (equal up to float summation order).
@@ -169,7 +170,7 @@ class _JoinedLinear(torch.autograd.Function):
             return linear_into(x, weights, biases)
         bias = None if not any(ctx.has_bias) else torch.cat(
             [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-        return F.linear(x, torch.cat(weights), bias)
+        return dense(x, torch.cat(weights), bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -180,7 +181,7 @@ class _JoinedLinear(torch.autograd.Function):
         grad_x = None
         if ctx.joined:
             if ctx.needs_input_grad[0]:
-                grad_x = grad @ torch.cat(weights)
+                grad_x = dense(grad, torch.cat(weights).t())
             # the joint weight gradient as autograd's mm backward computes it for a transposed weight: g^T x
             weight_grads = (flat_grad.t() @ flat_x).split(rows) if any(wanted) else (None,) * len(rows)
         else:
@@ -219,7 +220,9 @@ class _SwiGLUDown(torch.autograd.Function):
     here the backward computes the product again (one element-wise op, where the copy it saves is two such
     tensors) and writes the two gradients into the halves of one tensor. Each step is the operation autograd's
     backward runs (``silu_backward``, the products, the linear's two matmuls), so the numbers are autograd's
-    to the bit (tests/runtime/engines/test_lean_forward.py). Recomputing ``silu(gate)`` too saved another such
+    to the bit (tests/runtime/engines/test_lean_forward.py) while the down weight holds fewer than
+    :data:`~.lean_decode.PACK_MIN` elements; from there its forward product and the product's gradient are
+    oneDNN's (:func:`~.lean_decode.dense`), equal up to float summation order. Recomputing ``silu(gate)`` too saved another such
     tensor but cost the ~8M bench model's update 1.5% (measured, three alternating runs).
     """
 
@@ -229,7 +232,7 @@ class _SwiGLUDown(torch.autograd.Function):
         activated = F.silu(gate)
         ctx.save_for_backward(both, activated, weight)
         ctx.has_bias = bias is not None
-        return F.linear(activated * up, weight, bias)
+        return dense(activated * up, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -243,7 +246,7 @@ class _SwiGLUDown(torch.autograd.Function):
         grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         grad_both = None
         if ctx.needs_input_grad[0]:
-            grad_product = (flat_grad @ weight).view(*grad.shape[:-1], weight.shape[-1])
+            grad_product = dense(flat_grad, weight.t()).view(*grad.shape[:-1], weight.shape[-1])
             grad_both = torch.empty_like(both)
             grad_gate, grad_up = grad_both.chunk(2, dim=-1)
             torch.mul(grad_product, activated, out=grad_up)

@@ -74,6 +74,18 @@ def test_layers_run_side_by_side_without_joined_weights_decode_alike(arch, monke
     _assert_same(ref, lean)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("join_limit", [1 << 20, 0], ids=["joined", "side-by-side"])
+def test_products_on_reordered_weights_decode_alike(arch, join_limit, monkeypatch):
+    # from PACK_MIN weights (here: every one) a product runs on a oneDNN-reordered copy of the weight
+    monkeypatch.setattr(lean_decode, "PACK_MIN", 0)
+    monkeypatch.setattr(lean_decode, "JOIN_LIMIT", join_limit)
+    model = _model(arch)
+    ids, mask = _prompts([1, 4, 9], seed=7)
+    ref, lean = _both(model, ids, mask, SamplingParams(n=4, max_new_tokens=24), seed=4)
+    _assert_same(ref, lean)
+
+
 def test_eos_in_the_middle_and_finished_rows_padded():
     model = _model("qwen2")
     ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8], seed=5)
@@ -199,13 +211,15 @@ def test_greedy_tokens_are_transformers_generate_and_log_probs_its_forward(arch)
     torch.testing.assert_close(lean.log_probs, reference * lean.response_mask, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("join_limit", [1 << 20, 0], ids=["joined", "side-by-side"])
-def test_the_fused_weights_follow_an_optimizer_step_and_a_weight_load(join_limit, monkeypatch):
-    """q/k/v and gate/up are concatenated when a decode call starts (or read in place): a call after an update
-    sees the new weights."""
+@pytest.mark.parametrize("join_limit, pack_min", [(1 << 20, 1 << 17), (0, 1 << 17), (1 << 20, 0)],
+                         ids=["joined", "side-by-side", "reordered"])
+def test_the_fused_weights_follow_an_optimizer_step_and_a_weight_load(join_limit, pack_min, monkeypatch):
+    """q/k/v and gate/up are concatenated (or reordered) when a decode call starts, or read in place: a call after
+    an update sees the new weights."""
     from hybridflow.runtime.engines import HFRolloutEngine
 
     monkeypatch.setattr(lean_decode, "JOIN_LIMIT", join_limit)
+    monkeypatch.setattr(lean_decode, "PACK_MIN", pack_min)
     model = _model("qwen2")
     ids, mask = _prompts([3, 6, 2], seed=8)
     params = SamplingParams(n=2, max_new_tokens=10)
@@ -272,9 +286,12 @@ def test_rows_that_stop_at_different_steps_decode_as_each_row_alone():
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("params", [SamplingParams(n=2, max_new_tokens=24),
                                     SamplingParams(n=3, max_new_tokens=20, temperature=0.7, top_k=6, top_p=0.9)])
-def test_dropping_ended_rows_keeps_the_sampled_tokens_log_probs_and_generator_to_the_bit(arch, params):
+@pytest.mark.parametrize("pack_min", [1 << 17, 0], ids=["linear", "reordered"])
+def test_dropping_ended_rows_keeps_the_sampled_tokens_log_probs_and_generator_to_the_bit(arch, params, pack_min,
+                                                                                         monkeypatch):
     """Sampled: the rows share one generator, and the sampler still draws for every row at every step, so
     compaction changes no token, no log-prob and not where the generator ends (the next call's draws)."""
+    monkeypatch.setattr(lean_decode, "PACK_MIN", pack_min)
     model = _model(arch)
     ids, mask = _prompts([3, 7, 2, 5, 6, 4, 1, 8], seed=5)
     lean, lean_gen = _decode(model, ids, mask, params, seed=11)

@@ -8,7 +8,7 @@ import torch
 from engine_testkit import grouped_batch
 
 from hybridflow.data.tiny import make_tiny_model
-from hybridflow.runtime.engines import lean_forward
+from hybridflow.runtime.engines import lean_decode, lean_forward
 from hybridflow.runtime.engines.lean_decode import joined_weights, linear_into
 from hybridflow.runtime.engines.lean_forward import joined_linear, lean_forward_applies, lean_hidden, lean_shared_hidden
 from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
@@ -51,7 +51,10 @@ def _assert_same(result, reference) -> None:
 
 @pytest.mark.parametrize("arch, kv_heads", [("qwen2", 2), ("llama", 4), ("llama", 2)])
 @pytest.mark.parametrize("width", [1, 5])
-def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(arch, kv_heads, width):
+@pytest.mark.parametrize("pack_min", [1 << 17, 0], ids=["mkl", "onednn"])
+def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(arch, kv_heads, width, pack_min,
+                                                                              monkeypatch):
+    monkeypatch.setattr(lean_decode, "PACK_MIN", pack_min)  # 0: every product on oneDNN (lean_decode.dense)
     torch.manual_seed(0)
     model = make_tiny_model(arch, vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=kv_heads).train()
     batch = _batch(width)
@@ -78,11 +81,14 @@ def _outputs_and_gradients(forward, *, leaves: list[torch.Tensor], upstream: tor
     return [out.detach()] + [leaf.grad for leaf in leaves]
 
 
-@pytest.mark.parametrize("join_limit", [1 << 20, 0], ids=["small-joined", "large-per-layer"])
+@pytest.mark.parametrize("join_limit, pack_min", [(1 << 20, 1 << 17), (0, 1 << 17), (1 << 20, 0)],
+                         ids=["small-joined", "large-per-layer", "joined-onednn"])
 @pytest.mark.parametrize("biases", [(True, True, True), (False, False, False), (True, False, True)])
-def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biases, join_limit, monkeypatch):
-    # below JOIN_LIMIT the input's gradient is one matmul on the weights joined again, above it one per layer
+def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biases, join_limit, pack_min, monkeypatch):
+    # below JOIN_LIMIT the input's gradient is one matmul on the weights joined again, above it one per layer;
+    # from PACK_MIN weights the forward and the input's gradient are oneDNN's products (lean_decode.dense)
     monkeypatch.setattr(lean_forward, "JOIN_LIMIT", join_limit)
+    monkeypatch.setattr(lean_decode, "PACK_MIN", pack_min)
     torch.manual_seed(0)
     layers = [torch.nn.Linear(48, width, bias=bias) for width, bias in zip((48, 16, 16), biases)]
     x = torch.randn(3, 5, 48, requires_grad=True)
@@ -95,7 +101,7 @@ def test_joined_projections_give_the_separate_layers_outputs_and_gradients(biase
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     # each weight's gradient is the same mm of its own columns as the layer's backward takes, to the bit
     assert all(torch.equal(a, b) for a, b in zip(ours[1:], reference[1:]) if a.dim() == 2)
-    if join_limit:  # small layers: one matmul on the joined weights, a differentiable torch.cat's numbers to the bit
+    if join_limit and pack_min:  # small layers: one matmul on the joined weights, a differentiable cat's numbers to the bit
 
         def concatenated():
             bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
@@ -132,6 +138,25 @@ def test_the_gated_mlp_gives_autograds_numbers_to_the_bit(shape, bias):
 
     ours = outputs_and_gradients(lambda: lean_forward._SwiGLUDown.apply(both, down.weight, down.bias))
     assert all(torch.equal(a, b) for a, b in zip(ours, outputs_and_gradients(autograd)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_gated_mlp_on_onednn_products_gives_autograds_numbers(bias, monkeypatch):
+    # from PACK_MIN weights (here: every one) the down projection and the product's gradient are oneDNN's
+    monkeypatch.setattr(lean_decode, "PACK_MIN", 0)
+    torch.manual_seed(0)
+    both = torch.randn(3, 41, 256, requires_grad=True)
+    down = torch.nn.Linear(128, 96, bias=bias)
+    outputs_and_gradients = functools.partial(_outputs_and_gradients, leaves=[both, *down.parameters()],
+                                              upstream=torch.randn(3, 41, 96))
+
+    def autograd():
+        gate, up = both.split(128, dim=-1)
+        return down(torch.nn.functional.silu(gate) * up)
+
+    ours = outputs_and_gradients(lambda: lean_forward._SwiGLUDown.apply(both, down.weight, down.bias))
+    for a, b in zip(ours, outputs_and_gradients(autograd)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_the_gated_mlp_keeps_no_product_for_backward():
@@ -240,7 +265,7 @@ def test_the_forward_where_it_is_not_exact_is_the_models_own():
 
 
 def test_the_shared_prompt_forward_takes_the_lean_path_where_it_applies(monkeypatch):
-    from hybridflow.runtime.engines import lean_forward
+    from hybridflow.runtime.engines import lean_decode, lean_forward
 
     torch.manual_seed(0)
     model = make_tiny_model("qwen2", vocab_size=24, hidden=64, layers=2, heads=4, kv_heads=2).train()
