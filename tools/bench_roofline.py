@@ -11,13 +11,16 @@ Whatever else an implementation does, a step of fp32 GRPO on this CPU computes t
 - the update: the forward's products over each distinct prompt once and every response token, and the
   backward's two per weight (the input's gradient and the weight's), as one product each over all tokens.
 
-q/k/v and gate/up run as one product each (the fastest form measured here). Response lengths are drawn as the
-speed mode's ``spread`` model samples them (``tools/bench_trl/common.py``: geometric, mean half of
-``--new-tokens``, or ``--mean-len``) for ``--batches`` batches; each distinct row count's products are timed once (process CPU
-time, ``--threads`` threads, the best of ``--repeats``) and summed over the steps. Attention, norms, the
-rotary embedding, sampling, the loss, the optimizer and the framework are left out: the sum is a bound no
-implementation doing the same arithmetic in fp32 goes below on this CPU. ``--trl-step S`` also prints what
-a step ``S / 2`` seconds long (2x TRL's ``S``) leaves for all of that.
+q/k/v and gate/up run as one product each (the fastest form measured here). Each product is first timed alone
+in every form torch's two fp32 product libraries offer (MKL; oneDNN, on a reordered weight in the decode; a
+weight's gradient also as the transpose of ``x^T g``), the fastest form is kept, and then the step's products
+run one after another, as a step runs them (a weight the caches did not keep is read again). Response lengths
+are drawn as the speed mode's ``spread`` model samples them (``tools/bench_trl/common.py``: geometric, mean
+half of ``--new-tokens``, or ``--mean-len``) for ``--batches`` batches; each distinct row count's products are
+timed once (process CPU time, ``--threads`` threads, the best of ``--repeats``) and summed over the steps.
+Attention, norms, the rotary embedding, sampling, the loss, the optimizer and the framework are left out: the
+sum is a bound no implementation doing the same arithmetic in fp32 with these libraries goes below on this
+CPU. ``--trl-step S`` also prints what a step ``S / 2`` seconds long (2x TRL's ``S``) leaves for all of that.
 """
 from __future__ import annotations
 
@@ -57,30 +60,59 @@ def cpu_seconds(fn, repeats: int) -> float:
     return best
 
 
-def forward_products(weights: list[list[torch.Tensor]], rows: int, repeats: int) -> float:
-    """CPU s of ``rows`` tokens through every weight once (each weight its own input of its width)."""
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for layer in weights for w in layer}
-    out = {id(w): torch.empty(rows, w.shape[0]) for layer in weights for w in layer}
+def _onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _dnn(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` by oneDNN (``weight``: a plain or reordered ``(out, in)`` weight, or a transposed view)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
+def fastest(repeats: int, *forms):
+    """The fastest of ``forms`` (callables computing the same product), timed one by one."""
+    return min(forms, key=lambda form: cpu_seconds(form, repeats))
+
+
+def whole_pass(products: list, repeats: int) -> float:
+    """CPU s of ``products`` run one after another, as a step runs them: a weight the caches did not keep since
+    its last product is read again (timing each product in a loop of its own would keep it in the caches)."""
 
     def run():
-        for layer in weights:
-            for w in layer:
-                torch.mm(inputs[w.shape[1]], w.t(), out=out[id(w)])
+        for product in products:
+            product()
     return cpu_seconds(run, repeats)
+
+
+def forward_products(weights: list[list[torch.Tensor]], rows: int, repeats: int) -> float:
+    """CPU s of ``rows`` tokens through every weight once (each weight its own input of its width), each
+    product in the faster form of MKL and oneDNN on a reordered weight (what a decode can keep for all its steps)."""
+    products = []
+    for w in (w for layer in weights for w in layer):
+        x, out = torch.randn(rows, w.shape[1]), torch.empty(rows, w.shape[0])
+        forms = [lambda x=x, w=w, out=out: torch.mm(x, w.t(), out=out)]
+        if _onednn():
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+            forms.append(lambda x=x, packed=packed: _dnn(x, packed))
+        products.append(fastest(repeats, *forms))
+    return whole_pass(products, repeats)
 
 
 def update_products(weights: list[list[torch.Tensor]], tokens: int, repeats: int) -> float:
-    """CPU s of the forward's and the backward's products over ``tokens`` tokens."""
-    inputs = {w.shape[1]: torch.randn(tokens, w.shape[1]) for layer in weights for w in layer}
-    grads = {w.shape[0]: torch.randn(tokens, w.shape[0]) for layer in weights for w in layer}
-
-    def run():
-        for layer in weights:
-            for w in layer:
-                inputs[w.shape[1]] @ w.t()  # forward
-                grads[w.shape[0]] @ w  # the input's gradient
-                grads[w.shape[0]].t() @ inputs[w.shape[1]]  # the weight's gradient
-    return cpu_seconds(run, repeats)
+    """CPU s of the forward's and the backward's products over ``tokens`` tokens, each in the fastest form: MKL
+    or oneDNN, a weight's gradient also as the transpose of ``x^T g``."""
+    products = []
+    for w in (w for layer in weights for w in layer):
+        x, g = torch.randn(tokens, w.shape[1]), torch.randn(tokens, w.shape[0])
+        forward = [lambda x=x, w=w: x @ w.t()]
+        input_grad = [lambda g=g, w=w: g @ w]
+        weight_grad = [lambda g=g, x=x: g.t() @ x, lambda g=g, x=x: (x.t() @ g).t()]
+        if _onednn():
+            forward.append(lambda x=x, w=w: _dnn(x, w))
+            input_grad.append(lambda g=g, w=w: _dnn(g, w.t()))
+            weight_grad += [lambda g=g, x=x: _dnn(g.t(), x.t()), lambda g=g, x=x: _dnn(x.t(), g.t()).t()]
+        products += [fastest(repeats, *forms) for forms in (forward, input_grad, weight_grad)]
+    return whole_pass(products, repeats)
 
 
 def main(argv=None) -> dict:

@@ -25,18 +25,25 @@ import torch
 def matmul_peak(threads: int, n: int = 1024, repeats: int = 12) -> float:
     """GFLOP/s of the fastest of ``repeats`` fp32 ``(n, n) @ (n, n)`` matmuls on ``threads`` threads, in process
     CPU time (as the benchmarks' generation and update figures: on a busy machine the wall clock measures the
-    share of the core the scheduler gave, not the arithmetic)."""
+    share of the core the scheduler gave, not the arithmetic), the faster of the two product libraries torch
+    ships: MKL (``torch.mm``) and, where the build has it, oneDNN (measured here: ~103 and ~110 GFLOP/s on one
+    thread; hybridflow's decode and update run their large products on oneDNN, lean_decode.product and dense)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         a, b = torch.randn(n, n), torch.randn(n, n)
         out = torch.empty(n, n)
-        torch.mm(a, b, out=out)  # warm-up
+        products = [lambda: torch.mm(a, b, out=out)]
+        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            weight = b.t().contiguous()  # a Linear's (out, in) weight: a @ b
+            products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, weight, None, "none", [], ""))
         best = float("inf")
-        for _ in range(repeats):
-            start = time.process_time()
-            torch.mm(a, b, out=out)
-            best = min(best, time.process_time() - start)
+        for product in products:
+            product()  # warm-up
+            for _ in range(repeats):
+                start = time.process_time()
+                product()
+                best = min(best, time.process_time() - start)
     finally:
         torch.set_num_threads(before)
     return 2 * n ** 3 / best / 1e9

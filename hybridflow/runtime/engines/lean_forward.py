@@ -250,5 +250,6 @@ class _SwiGLUDown(torch.autograd.Function):
             grad_both = torch.empty_like(both)
             grad_gate, grad_up = grad_both.chunk(2, dim=-1)
             torch.mul(grad_product, activated, out=grad_up)
-            torch.ops.aten.silu_backward(grad_product * up, gate, grad_input=grad_gate)
+            # grad_product is this backward's own tensor, needed no more: the product with up goes into it
+            torch.ops.aten.silu_backward(grad_product.mul_(up), gate, grad_input=grad_gate)
         return grad_both, grad_weight, grad_bias
