@@ -202,9 +202,11 @@ def test_an_update_keeps_no_joined_copy_of_the_weights_for_its_backward():
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_without_gradients_every_state_is_the_transformers_one(shared):
+@pytest.mark.parametrize("pack_min", [1 << 17, 0], ids=["mkl", "onednn"])
+def test_without_gradients_every_state_is_the_transformers_one(shared, pack_min, monkeypatch):
     # compute_log_probs returns every response position, past a response's end too: there the states are the
     # model's as well (with gradients, in an update, only the valid positions are computed: the others are 0)
+    monkeypatch.setattr(lean_decode, "PACK_MIN", pack_min)  # 0: products on oneDNN-reordered weights
     torch.manual_seed(0)
     model = make_tiny_model("qwen2", vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=2).eval()
     batch = _batch(5)
