@@ -344,7 +344,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
 def _reorders(weight: torch.Tensor) -> bool:
     """Whether this torch build runs a float32 CPU product on a oneDNN-reordered copy of ``weight``."""
     return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+            and all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")))
 
 
 def joined_weights(*layers: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -211,6 +211,21 @@ def test_greedy_tokens_are_transformers_generate_and_log_probs_its_forward(arch)
     torch.testing.assert_close(lean.log_probs, reference * lean.response_mask, rtol=1e-5, atol=1e-5)
 
 
+def test_without_onednn_a_product_is_f_linear(monkeypatch):
+    # a torch build without oneDNN: a product at or above PACK_MIN falls back to F.linear, its numbers to the bit
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(1024, 256)
+    x = torch.randn(16, 1, 1024)
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        reordered = lean_decode.product(layer, 16)(x)
+        torch.testing.assert_close(reordered, expected, rtol=1e-5, atol=1e-5)
+        if torch.backends.mkldnn.is_available():  # the case needs a product whose numbers oneDNN changes
+            assert not torch.equal(reordered, expected)
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        assert torch.equal(lean_decode.product(layer, 16)(x), expected)
+
+
 @pytest.mark.parametrize("join_limit, pack_min", [(1 << 20, 1 << 17), (0, 1 << 17), (1 << 20, 0)],
                          ids=["joined", "side-by-side", "reordered"])
 def test_the_fused_weights_follow_an_optimizer_step_and_a_weight_load(join_limit, pack_min, monkeypatch):
