@@ -69,7 +69,8 @@ ROW_BLOCK = 4
 MKL, AVX-512), ``F.linear`` of ``m`` rows gives each row the numbers it gets in any other such matmul,
 to the bit, when ``m`` is a multiple of 4 or at least 12 (1 to 8 threads); with 1-3 rows, and with 2
 or 8 threads also 5-7 and 9-11, another kernel differs in the last bits. (oneDNN on a reordered weight,
-:func:`product`, gave each row its numbers at every ``m`` from 1 to 64 measured.) tests/runtime/engines/
+:func:`product`, gave each row its numbers at every ``m`` from 2 to 64 measured, 1 to 8 threads; one row
+differed at 3072 inputs.) tests/runtime/engines/
 test_lean_decode.py checks compaction on against off to the bit."""
 
 _INVARIANT_ROWS = 12
