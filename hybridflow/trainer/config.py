@@ -174,7 +174,7 @@ class PPOConfig(BaseModel):
     top_k: int = Field(0, ge=0, description="Top-k sampling (0: off).")
     # -- rollout engine ---------------------------------------------------------
     rollout_engine: RolloutEngineName = Field(DEFAULT_ROLLOUT_ENGINE, description="The policy's rollout engine: hf (transformers, KV-cached sampling; samples from the train module itself on one device) or vllm (vLLM with the trained weights pushed in after each update; needs `make vllm-env`, see docs/rollout_engines.md). Recorded in the plan's role placement.")
-    rollout_engine_options: dict[str, Any] = Field(default_factory=dict, description="Options of the rollout engine, checked against its options model: hf: micro_batch_size; vllm: dtype, max_model_len, tensor_parallel_size, gpu_memory_utilization, kv_cache_gib (CPU), max_num_seqs, enforce_eager, sleep_mode (CUDA), weight_transfer (direct | shm).")
+    rollout_engine_options: dict[str, Any] = Field(default_factory=dict, description="Options of the rollout engine, checked against its options model: hf: micro_batch_size, keep_products; vllm: dtype, max_model_len, tensor_parallel_size, gpu_memory_utilization, kv_cache_gib (CPU), max_num_seqs, enforce_eager, sleep_mode (CUDA), weight_transfer (direct | shm).")
     # -- placement and execution ----------------------------------------------
     device_map: dict[str, str] = Field(default_factory=dict, description="Role -> device ('cpu', 'cuda:N'); roles not named go to cuda:0 when a GPU is present, else cpu. Alias 'rm' = reward.")
     executor: Literal["local", "ray"] = Field("local", description="Run on this machine (local) or on a Ray cluster (ray).")

@@ -116,7 +116,7 @@ class _HFStepper:
 
 
 def prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int,
-             path: str, compact: bool = True):
+             path: str, compact: bool = True, record: bool = False):
     """The prompt's forward once, then what feeds one token at a time to ``n`` copies of each row.
 
     Returns ``(logits (b * n, V), stepper)``: the lean stepper (:mod:`.lean_decode`; ``compact``:
@@ -124,7 +124,7 @@ def prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     one it drives, else the transformers one.
     """
     if path != "hf":
-        stepper = lean_stepper(model, prompt_ids, prompt_mask, n, steps - 1, compact)
+        stepper = lean_stepper(model, prompt_ids, prompt_mask, n, steps - 1, compact, record)
         if stepper is not None:
             return stepper.logits, stepper
         if path == "lean":
@@ -151,7 +151,7 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask:
            params: SamplingParams, *, eos_token_ids: Sequence[int], pad_token_id: int,
            generator: torch.Generator | None = None, path: str = "auto", steps: int | None = None,
            done: torch.Tensor | None = None, capacity: int | None = None, carry: Carry | None = None,
-           compact: bool = True) -> Decoded:
+           compact: bool = True, keep_products: bool = False) -> Decoded:
     """Generate ``params.n`` responses of up to ``params.max_new_tokens`` tokens after each left-padded prompt.
 
     Shapes: prompt_ids, prompt_mask ``(b, P)`` -> :class:`Decoded` of ``(b * n, steps)``
@@ -167,6 +167,9 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask:
 
     ``compact=False``: the lean path feeds every row at every step instead of dropping ended rows
     (the same tokens and log-probs, for comparisons; :mod:`.lean_decode`).
+
+    ``keep_products``: a whole decoding in one call (no ``done`` rows, room for no more steps) on the lean path
+    keeps its products for the update that follows with the same weights (:mod:`.decode_tape`), where one applies.
     """
     if path not in PATHS:
         raise ExecutionError(f"decode: path must be one of {PATHS}, got {path!r}")
@@ -174,8 +177,9 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask:
     if steps < 1:
         raise ExecutionError(f"decode: steps must be at least 1, got {steps}")
     if carry is None:
+        record = keep_products and done is None and (capacity or steps) <= steps
         logits, stepper = prefill(model, prompt_ids, prompt_mask, params.n, max(steps, capacity or steps), path,
-                                  compact)
+                                  compact, record)
         first = 0
     else:
         stepper, first = carry.stepper, carry.t + 1
@@ -202,5 +206,7 @@ def decode(model: torch.nn.Module, prompt_ids: torch.Tensor | None, prompt_mask:
             break
         logits = stepper.step(first + i, token, alive)
     going = bool(alive.any())
+    if carry is None and getattr(stepper, "tape", None) is not None:
+        stepper.tape.seal(prompt_ids, prompt_mask, params.n, tokens, mask)
     carry = Carry(stepper, token, alive, first + i) if going else None
     return Decoded(tokens, mask, log_probs, done, i + 1, carry, stepper.row_steps - fed)

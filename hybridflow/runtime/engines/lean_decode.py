@@ -49,9 +49,12 @@ transformers loop.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
+from .decode_tape import DecodeTape, new_tape
 from .sequence import position_ids_from_mask
 
 __all__ = ["JOIN_LIMIT", "LEAN_MODEL_TYPES", "PACK_MIN", "ROW_BLOCK", "LeanStepper", "dense", "lean_stepper",
@@ -161,13 +164,14 @@ class LeanStepper:
         n: decoded rows per prompt (``B = b * n`` rows in ``repeat_interleave`` order).
         steps: the most tokens each row will be fed after the prompt (``max_new_tokens - 1``).
         compact: drop ended rows from the batch (module docstring; CPU only); False computes every row at every step.
+        tape: where each step's products are written (:mod:`.decode_tape`), or None.
 
     :attr:`logits` ``(B, V)``: the prefill's logits at each row's last prompt position.
     :attr:`row_steps`: rows fed through the layers so far, summed over steps (the prefill not counted).
     """
 
     def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, steps: int,
-                 compact: bool = True):
+                 compact: bool = True, tape: DecodeTape | None = None):
         backbone = model.model
         self.layers = backbone.layers
         self.embed = backbone.embed_tokens.weight
@@ -211,6 +215,7 @@ class LeanStepper:
         allowed = causal & (mask[:, None, :] | ~mask[:, :, None])
         self.logits = self._forward(prompt_ids.long(), allowed[:, None], prompt_cos, prompt_sin, 0, p, rows)[rows]
         self.compact = compact and weight.device.type == "cpu" and _row_invariant(b * n)
+        self.tape = tape
         self.row_steps = 0
         self.rows: torch.Tensor | None = None  # original row of each buffer row once compacted; None: all, in order
         self.out = self.logits  # (B, V): the logits last returned, every row's (written in place once compacted)
@@ -225,8 +230,15 @@ class LeanStepper:
         b, q_len, d = h.shape[0], h.shape[1], self.head_dim
         heads, rotated = self.heads, self.heads + self.kv_heads
         cast = self.cast
-        for (norm1, qkv_proj, o_proj, norm2, mlp), kb, vb in zip(self.plan, self.keys, self.values):
-            qkv = qkv_proj(rms_norm(h, *norm1, cast)).view(b, q_len, -1, d).transpose(1, 2)
+        tape, put = self.tape if rows is None else None, None
+        first = None if tape is None else tape.begin(start - self.prompt_len, self.rows, b)  # a step: its tape rows
+        for index, ((norm1, qkv_proj, o_proj, norm2, mlp), kb, vb) in enumerate(zip(self.plan, self.keys, self.values)):
+            if tape is not None:
+                put = partial(tape.write, index, first)
+            qkv = qkv_proj(rms_norm(h, *norm1, cast))
+            if put is not None:
+                put("qkv", qkv, 0)
+            qkv = qkv.view(b, q_len, -1, d).transpose(1, 2)
             qk = rotate(qkv[:, :rotated], cos, sin)  # q and k in one go: the same element-wise arithmetic
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, rotated:]
             if rows is None:
@@ -238,8 +250,11 @@ class LeanStepper:
                 vb[:, :, start:stop] = v[rows]
                 keys, values = k, v
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.gqa)
-            h = h + o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
-            h = h + mlp(rms_norm(h, *norm2, cast))
+            attended = o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+            if put is not None:
+                put("o", attended, 0)
+            h = h + attended
+            h = h + mlp(rms_norm(h, *norm2, cast), put)
         return self.lm_head(rms_norm(h[:, -1], *self.final_norm, cast))
 
     def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
@@ -401,28 +416,46 @@ def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
 def _mlp(module: torch.nn.Module, rows: int | None = None):
     """The gated MLP ``down(act(gate(x)) * up(x))`` on the module's weights (SiLU inlined; gate and up as one
     matmul, or, when oneDNN reorders weights too large to join, as two products on reordered copies: faster
-    than :func:`linear_into` on MKL, ~2x on the ~100M bench model's decode products), or the module itself."""
+    than :func:`linear_into` on MKL, ~2x on the ~100M bench model's decode products), or the module itself.
+
+    The callable takes ``(x, put=None)``; ``put(name, out, start)`` receives the ``"gate_up"`` output (or its
+    ``gate`` and ``up`` column blocks from ``start``) and the ``"down"`` one (a decode's tape, :mod:`.decode_tape`)."""
     gate, up, down = (getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
     if not all(isinstance(layer, torch.nn.Linear) for layer in (gate, up, down)):
-        return module
+        return lambda x, put=None: module(x)
     act = F.silu if type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation" else module.act_fn
-    down_product = product(down, rows)
+    down_product, width = product(down, rows), gate.out_features
     if gate.weight.numel() + up.weight.numel() > JOIN_LIMIT and gate.weight.numel() >= PACK_MIN and _reorders(
             gate.weight):
         gate_product, up_product = product(gate, rows), product(up, rows)
-        return lambda x: down_product(act(gate_product(x)) * up_product(x))
-    gate_up, width = side_by_side(gate, up, rows=rows), gate.out_features
 
-    def mlp(x: torch.Tensor) -> torch.Tensor:
+        def two_products(x: torch.Tensor, put=None) -> torch.Tensor:
+            gated, upped = gate_product(x), up_product(x)
+            out = down_product(act(gated) * upped)
+            if put is not None:
+                put("gate_up", gated, 0), put("gate_up", upped, width), put("down", out, 0)
+            return out
+
+        return two_products
+    gate_up = side_by_side(gate, up, rows=rows)
+
+    def mlp(x: torch.Tensor, put=None) -> torch.Tensor:
         both = gate_up(x)
-        return down_product(act(both[..., :width]) * both[..., width:])
+        out = down_product(act(both[..., :width]) * both[..., width:])
+        if put is not None:
+            put("gate_up", both, 0), put("down", out, 0)
+        return out
 
     return mlp
 
 
 def lean_stepper(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int,
-                 steps: int, compact: bool = True) -> LeanStepper | None:
-    """A :class:`LeanStepper` (prefill done) when the model is one this path drives, else None."""
+                 steps: int, compact: bool = True, record: bool = False) -> LeanStepper | None:
+    """A :class:`LeanStepper` (prefill done) when the model is one this path drives, else None.
+
+    ``record``: write each step's products into a :class:`~.decode_tape.DecodeTape` where one applies
+    (:func:`~.decode_tape.new_tape`), which the caller seals when the decode is done."""
     if not supports_lean(model):
         return None
-    return LeanStepper(model, prompt_ids, prompt_mask, n, steps, compact)
+    tape = new_tape(model, prompt_ids.shape[0] * n, steps) if record else None
+    return LeanStepper(model, prompt_ids, prompt_mask, n, steps, compact, tape)

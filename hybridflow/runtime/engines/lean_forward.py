@@ -38,6 +38,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hybridflow.errors import ExecutionError
+
+from .decode_tape import COUNTS, DecodeTape
 from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
@@ -58,13 +61,17 @@ def lean_forward_applies(backbone: torch.nn.Module) -> bool:
 
 def lean_shared_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                        response_ids: torch.Tensor, response_mask: torch.Tensor,
-                       groups: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                       groups: tuple[torch.Tensor, torch.Tensor],
+                       replay: tuple[DecodeTape, torch.Tensor] | None = None) -> torch.Tensor:
     """:func:`~.shared_prompt.shared_response_hidden`'s states ``(b, R, h)`` by :func:`lean_hidden`.
 
     Shapes: prompt_ids, prompt_mask ``(b, P)`` left-padded; response_ids, response_mask ``(b, R)``;
     ``groups``: ``(first, inverse)`` of :func:`~.shared_prompt.prompt_groups`. The distinct prompts
     run once; their keys/values are repeated to the rows of each group (``index_select``: the
-    copies' gradients add up), and the fed response tokens of every row attend to them.
+    copies' gradients add up), and the fed response tokens of every row attend to them. ``replay``: the
+    decode's tape and each row's row in it (:func:`~.decode_tape.replay_rows`, with gradients): the response
+    positions take its products, and a row's position fed its last response token is left out (its state,
+    which no response token's log-prob reads, is 0).
     """
     first, inverse = groups
     unique_mask = prompt_mask[first].long()
@@ -73,15 +80,21 @@ def lean_shared_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, prom
     if response_ids.shape[-1] == 1:
         return prompt_last
     cache = [(k.index_select(0, inverse), v.index_select(0, inverse)) for k, v in cache]
-    mask = torch.cat([prompt_mask.long(), response_attention(response_mask)[:, :-1]], dim=-1)
+    if replay is None:
+        fed = response_attention(response_mask)[:, :-1]
+    else:  # the positions whose state predicts a response token: a row's last one is left out (decode_tape)
+        lengths = (response_mask > 0).sum(-1, keepdim=True)
+        fed = (torch.arange(response_ids.shape[-1] - 1, device=lengths.device) < lengths - 1).long()
+    mask = torch.cat([prompt_mask.long(), fed], dim=-1)
     positions = position_ids_from_mask(mask)[:, prompt_ids.shape[-1]:]
     hidden, _ = lean_hidden(backbone, response_ids[:, :-1].long(), mask, positions, cache,
-                            valid_only=torch.is_grad_enabled())
+                            valid_only=torch.is_grad_enabled(), replay=replay)
     return torch.cat([prompt_last, hidden], dim=1)
 
 
 def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None, *, valid_only: bool = False
+                cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None, *, valid_only: bool = False,
+                replay: tuple[DecodeTape, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """A backbone call: ``ids`` ``(b, Q)`` at ``positions`` ``(b, Q)`` after ``cache`` (``K`` positions a layer, or None).
 
@@ -91,6 +104,8 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
     host sync), which attention reads through a zero-padded copy of q/k/v; the states at padding
     positions are then 0, and their keys and values 0 (no valid query attends to them). For an
     update, whose losses read no padding state: the same valid states and gradients, less work.
+    ``replay`` (with ``valid_only``): ``(tape, rows)`` of :func:`~.decode_tape.replay_rows`, whose rows hold
+    position ``j`` of each input row at step ``j``: the four products of every layer are taken from it.
     """
     b, q_len = ids.shape
     packed = mask[:, -q_len:].reshape(-1).nonzero().squeeze(-1) if valid_only else None  # (M,) the valid positions
@@ -106,11 +121,20 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
     causal = torch.ones((q_len, past + q_len), dtype=torch.bool, device=ids.device).tril(past)
     allowed = causal & valid[:, None, :]  # (b, Q, K + Q): the valid keys up to each query, as the model's mask
     allowed = (allowed | (causal & ~allowed.any(-1, keepdim=True)))[:, None]  # no valid key at all: every key up to it
+    if replay is not None:
+        tape, tape_rows = replay
+        flat = tape.slots(tape_rows[packed // q_len], packed % q_len)  # each packed position's row in the tape
+        if bool((flat < 0).any()):  # a position the decode did not compute (replay_rows rules this out)
+            raise ExecutionError("lean_hidden: the decode's tape lacks a position this forward reads; "
+                                 "a bug in hybridflow (decode_tape), please report it")
+        tape.served += 1
+        COUNTS["replayed"] += 1
     out_cache = []
     for index, layer in enumerate(backbone.layers):
+        taken = {} if replay is None else {name: t.index_select(0, flat) for name, t in tape.layers[index].items()}
         attn = layer.self_attn
         normed = rms_norm(h, *_norm(layer.input_layernorm), cast)
-        qkv = joined_linear(normed, attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = joined_linear(normed, attn.q_proj, attn.k_proj, attn.v_proj, given=taken.get("qkv"))
         if packed is not None:  # (M, ...) -> (b * Q, ...) with zeros at padding, attention's dense layout
             qkv = qkv.new_zeros(b * q_len, qkv.shape[-1]).index_copy(0, packed, qkv)
         qkv = qkv.view(b, q_len, -1, d).transpose(1, 2)
@@ -124,8 +148,12 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
         out = out.transpose(1, 2).reshape(b, q_len, -1)
         if packed is not None:
             out = out.reshape(b * q_len, -1).index_select(0, packed)
-        h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        h = h + _mlp(layer.mlp, rms_norm(h, *_norm(layer.post_attention_layernorm), cast))
+        if "o" in taken:
+            h = h + joined_linear(out, attn.o_proj, given=taken["o"])
+        else:
+            h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        h = h + _mlp(layer.mlp, rms_norm(h, *_norm(layer.post_attention_layernorm), cast), taken.get("gate_up"),
+                     taken.get("down"))
     h = rms_norm(h, *_norm(backbone.norm), cast)
     if packed is not None:
         h = h.new_zeros(b * q_len, h.shape[-1]).index_copy(0, packed, h).view(b, q_len, -1)
@@ -136,13 +164,14 @@ def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
     return module.weight, float(module.variance_epsilon)
 
 
-def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear) -> torch.Tensor:
+def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear, given: torch.Tensor | None = None) -> torch.Tensor:
     """``layers``' outputs side by side (``cat([layer(x) for layer in layers], -1)``) by one matmul on their joined
-    weights; with gradients, :class:`_JoinedLinear`."""
+    weights; with gradients, :class:`_JoinedLinear`. ``given``: those outputs, already computed (a decode's tape):
+    no product is computed, the backward's are."""
     if not torch.is_grad_enabled() or not (x.requires_grad or any(layer.weight.requires_grad for layer in layers)):
-        return side_by_side(*layers)(x)
+        return side_by_side(*layers)(x) if given is None else given
     biases = tuple(layer.bias for layer in layers)
-    return _JoinedLinear.apply(x, len(layers), *(layer.weight for layer in layers), *biases)
+    return _JoinedLinear.apply(x, len(layers), given, *(layer.weight for layer in layers), *biases)
 
 
 class _JoinedLinear(torch.autograd.Function):
@@ -161,11 +190,13 @@ class _JoinedLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, count: int, *params):
+    def forward(ctx, x: torch.Tensor, count: int, given: torch.Tensor | None, *params):
         weights, biases = params[:count], params[count:]
         ctx.save_for_backward(x, *weights)
         ctx.has_bias = tuple(b is not None for b in biases)
         ctx.joined = sum(w.numel() for w in weights) <= JOIN_LIMIT
+        if given is not None:
+            return given
         if not ctx.joined:
             return linear_into(x, weights, biases)
         bias = None if not any(ctx.has_bias) else torch.cat(
@@ -177,7 +208,7 @@ class _JoinedLinear(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         rows = [w.shape[0] for w in weights]
         flat_grad, flat_x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-        wanted = ctx.needs_input_grad[2:2 + len(rows)]
+        wanted = ctx.needs_input_grad[3:3 + len(rows)]
         grad_x = None
         if ctx.joined:
             if ctx.needs_input_grad[0]:
@@ -193,19 +224,24 @@ class _JoinedLinear(torch.autograd.Function):
                 grad_x = grad_x.view(*grad.shape[:-1], grad_x.shape[-1])
             weight_grads = tuple(block.t() @ flat_x if needed else None for block, needed in zip(blocks, wanted))
         bias_grads = flat_grad.sum(0).split(rows) if any(ctx.has_bias) else (None,) * len(rows)
-        return (grad_x, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
+        return (grad_x, None, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
 
 
-def _mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The gated MLP ``down(act(gate(x)) * up(x))`` with gate and up as one matmul (a non-gated MLP: the module)."""
+def _mlp(module: torch.nn.Module, x: torch.Tensor, given_both: torch.Tensor | None = None,
+         given_down: torch.Tensor | None = None) -> torch.Tensor:
+    """The gated MLP ``down(act(gate(x)) * up(x))`` with gate and up as one matmul (a non-gated MLP: the module).
+
+    ``given_both``, ``given_down``: the two products' outputs, already computed (a decode's tape)."""
     if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return module(x)
-    both = joined_linear(x, module.gate_proj, module.up_proj)
+    both = joined_linear(x, module.gate_proj, module.up_proj, given=given_both)
     down = module.down_proj
     silu = type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation"
     if silu and module.gate_proj.out_features == module.up_proj.out_features and torch.is_grad_enabled() and (
             both.requires_grad or down.weight.requires_grad):
-        return _SwiGLUDown.apply(both, down.weight, down.bias)
+        return _SwiGLUDown.apply(both, down.weight, down.bias, given_down)
+    if given_down is not None:
+        return given_down
     gate, up = both.split(module.gate_proj.out_features, dim=-1)
     act = F.silu if silu else module.act_fn
     return F.linear(act(gate) * up, down.weight, down.bias)
@@ -227,12 +263,13 @@ class _SwiGLUDown(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, both: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    def forward(ctx, both: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                given: torch.Tensor | None = None):
         gate, up = both.chunk(2, dim=-1)
         activated = F.silu(gate)
         ctx.save_for_backward(both, activated, weight)
         ctx.has_bias = bias is not None
-        return dense(activated * up, weight, bias)
+        return dense(activated * up, weight, bias) if given is None else given
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -252,4 +289,4 @@ class _SwiGLUDown(torch.autograd.Function):
             torch.mul(grad_product, activated, out=grad_up)
             # grad_product is this backward's own tensor, needed no more: the product with up goes into it
             torch.ops.aten.silu_backward(grad_product.mul_(up), gate, grad_input=grad_gate)
-        return grad_both, grad_weight, grad_bias
+        return grad_both, grad_weight, grad_bias, None

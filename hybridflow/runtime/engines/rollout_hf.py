@@ -65,12 +65,14 @@ class HFRolloutEngine:
         micro_batch_size: responses decoded at once (whole prompt groups; None = all).
         num_threads: ``torch.set_num_threads`` for this process (CPU; one thread per worker is
             often fastest for tiny models on a busy machine); None leaves it alone.
+        keep_products: a whole decode of a model being trained keeps its products for the update that follows
+            (:mod:`.decode_tape`).
     """
 
     def __init__(self, model: torch.nn.Module, *, tokenizer=None, sampling: SamplingParams | None = None,
                  eos_token_ids: int | Sequence[int] | None = None, pad_token_id: int | None = None,
                  device: str | torch.device | None = None, micro_batch_size: int | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, keep_products: bool = False):
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -78,6 +80,7 @@ class HFRolloutEngine:
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingParams()
         self.micro_batch_size = micro_batch_size
+        self.keep_products = keep_products
         self.eos_token_ids = _special_ids(eos_token_ids) or self._model_special("eos_token_id")
         found_pad = pad_token_id if pad_token_id is not None else (self._model_special("pad_token_id") or (None,))[0]
         if found_pad is None:
@@ -216,7 +219,8 @@ class HFRolloutEngine:
         width = params.max_new_tokens
         out = decode(self.model, piece["prompt_ids"].to(self.device), piece["prompt_mask"].to(self.device), params,
                      eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator,
-                     steps=None if segment is None else min(segment, width), capacity=width)
+                     steps=None if segment is None else min(segment, width), capacity=width,
+                     keep_products=self.keep_products)
         pad = width - out.response_ids.shape[1]
         mask = torch.nn.functional.pad(out.response_mask.cpu(), (0, pad))
         fields = {"response_ids": torch.nn.functional.pad(out.response_ids.cpu(), (0, pad), value=self.pad_token_id),
@@ -316,6 +320,7 @@ class HFRolloutEngine:
                                      f"expects {tuple(target.shape)}")
             if target.data_ptr() == tensor.data_ptr() and target.device == tensor.device:
                 continue
-            target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+            # copy_ on the parameter (no_grad), not .data: its version counter advances (decode_tape)
+            target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
             copied += 1
         return copied

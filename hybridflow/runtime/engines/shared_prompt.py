@@ -16,8 +16,9 @@ gradients). The backbone calls are :func:`~.lean_forward.lean_hidden`'s where th
 where it is exact: a model transformers caches (or the lean path drives), and no dropout active in
 training mode (the copies would share one dropout mask), and where it saves at least
 :func:`min_saved_positions` prompt positions (:data:`MIN_SAVED_POSITIONS` at width 256, fewer
-for wider models, more for narrower ones). Otherwise it returns None and the caller runs the
-joined rows.
+for wider models, more for narrower ones), or where the decode's tape holds the response positions'
+products (:mod:`.decode_tape`: then the prompts run in a call of their own, shared or not). Otherwise it
+returns None and the caller runs the joined rows.
 """
 from __future__ import annotations
 
@@ -86,13 +87,23 @@ def shared_response_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, 
     """
     if response_ids.shape[-1] < 1 or dropout_active(backbone):
         return None
+    from .decode_tape import replay_rows
+    from .lean_forward import lean_forward_applies, lean_shared_hidden
+
+    lean = lean_forward_applies(backbone)
+    # the decode's products for the response positions (decode_tape): the prompts' call is then worth making
+    # whatever it shares, the response positions' products being the decode's
+    replay = replay_rows(backbone, prompt_ids, prompt_mask, response_ids, response_mask) if (
+        lean and torch.is_grad_enabled() and response_ids.shape[-1] > 1) else None
     groups = prompt_groups(prompt_ids, prompt_mask)
+    if replay is not None:
+        every = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
+        return lean_shared_hidden(backbone, prompt_ids, prompt_mask, response_ids, response_mask,
+                                  (every, every) if groups is None else groups, replay)
     hidden = getattr(getattr(backbone, "config", None), "hidden_size", None)
     if groups is None or (prompt_ids.shape[0] - len(groups[0])) * prompt_ids.shape[-1] < min_saved_positions(hidden):
         return None
-    from .lean_forward import lean_forward_applies, lean_shared_hidden
-
-    if lean_forward_applies(backbone):  # the same states without the framework's per-call work
+    if lean:  # the same states without the framework's per-call work
         return lean_shared_hidden(backbone, prompt_ids, prompt_mask, response_ids, response_mask, groups)
     from .decode import cache_keyword, new_cache
 
