@@ -21,6 +21,9 @@ timed once (process CPU time, ``--threads`` threads, the best of ``--repeats``) 
 Attention, norms, the rotary embedding, sampling, the loss, the optimizer and the framework are left out: the
 sum is a bound no implementation doing the same arithmetic in fp32 with these libraries goes below on this
 CPU. ``--trl-step S`` also prints what a step ``S / 2`` seconds long (2x TRL's ``S``) leaves for all of that.
+It also prints the step's products when the update's forward takes the decode's outputs instead of computing
+them (hybridflow's ``keep_products``, ``hybridflow/runtime/engines/decode_tape.py``): the decode's and the
+backward's alone, a bound for an implementation that reuses them (one update per decode, weights unchanged).
 """
 from __future__ import annotations
 
@@ -98,10 +101,11 @@ def forward_products(weights: list[list[torch.Tensor]], rows: int, repeats: int)
     return whole_pass(products, repeats)
 
 
-def update_products(weights: list[list[torch.Tensor]], tokens: int, repeats: int) -> float:
+def update_products(weights: list[list[torch.Tensor]], tokens: int, repeats: int) -> tuple[float, float]:
     """CPU s of the forward's and the backward's products over ``tokens`` tokens, each in the fastest form: MKL
-    or oneDNN, a weight's gradient also as the transpose of ``x^T g``."""
-    products = []
+    or oneDNN, a weight's gradient also as the transpose of ``x^T g``; and of the backward's alone (an update
+    whose forward takes the decode's products, hybridflow/runtime/engines/decode_tape.py)."""
+    products, backward = [], []
     for w in (w for layer in weights for w in layer):
         x, g = torch.randn(tokens, w.shape[1]), torch.randn(tokens, w.shape[0])
         forward = [lambda x=x, w=w: x @ w.t()]
@@ -111,8 +115,10 @@ def update_products(weights: list[list[torch.Tensor]], tokens: int, repeats: int
             forward.append(lambda x=x, w=w: _dnn(x, w))
             input_grad.append(lambda g=g, w=w: _dnn(g, w.t()))
             weight_grad += [lambda g=g, x=x: _dnn(g.t(), x.t()), lambda g=g, x=x: _dnn(x.t(), g.t()).t()]
-        products += [fastest(repeats, *forms) for forms in (forward, input_grad, weight_grad)]
-    return whole_pass(products, repeats)
+        timed = [fastest(repeats, *forms) for forms in (forward, input_grad, weight_grad)]
+        products += timed
+        backward += timed[1:]
+    return whole_pass(products, repeats), whole_pass(backward, repeats)
 
 
 def main(argv=None) -> dict:
@@ -147,12 +153,13 @@ def main(argv=None) -> dict:
     decode = prefill + statistics.mean(sum(timed[r] for r in c if r) for c in counts)
     mean_len = float(lengths.float().mean())
     tokens = round(args.prompts * args.prompt_len + rows * mean_len)
-    update = update_products(weights, tokens, args.repeats)
+    update, backward = update_products(weights, tokens, args.repeats)
     peak = matmul_peak(args.threads)
     flop = 2 * sum(w.numel() for layer in weights for w in layer)  # one token through every product
     decode_flop = flop * (args.prompts * args.prompt_len + rows * (mean_len - 1))
     result = {"size": args.size, "rows": rows, "mean_response_len": mean_len, "row_steps": statistics.mean(map(sum, counts)),
-              "decode_s": decode, "update_s": update, "update_tokens": tokens, "peak_gflops": peak,
+              "decode_s": decode, "update_s": update, "update_backward_s": backward, "update_tokens": tokens,
+              "peak_gflops": peak,
               "decode_gflops": decode_flop / decode / 1e9, "update_gflops": 3 * flop * tokens / update / 1e9}
     print(f"{args.size} model, {args.prompts} x {args.group} rows, {args.new_tokens} new tokens: mean response "
           f"{mean_len:.2f} tokens, {result['row_steps']:.0f} row-steps fed after the prefill ({args.batches} batches)")
@@ -162,10 +169,13 @@ def main(argv=None) -> dict:
     print(f"  update products:  {update:.3f} CPU s  ({result['update_gflops']:.1f} GFLOP/s, "
           f"{result['update_gflops'] / peak:.0%} of peak; {tokens} tokens)")
     print(f"  step, products alone: {decode + update:.3f} CPU s")
+    print(f"  the update's backward products alone: {backward:.3f} CPU s; the step's products with the update's "
+          f"forward taking the decode's (decode_tape): {decode + backward:.3f} CPU s")
     if args.trl_step:
         budget = args.trl_step / 2
         print(f"  2x TRL's {args.trl_step:.3f} s is {budget:.3f} s a step: {budget - decode - update:.3f} s left for "
-              "attention, norms, rotary, sampling, loss, optimizer and framework")
+              f"attention, norms, rotary, sampling, loss, optimizer and framework ({budget - decode - backward:.3f} s "
+              "with the decode's products taken)")
     return result
 
 

@@ -59,7 +59,7 @@ from ..errors import ExecutionError, HybridflowError, PlanError
 from ..graph import CONTROLLER
 from ..batch import Batch
 from .dispatch import balances_tokens, merge_results, split_for_ranks
-from .node_calls import node_call, node_output, reused_log_probs, run_compute
+from .node_calls import node_call, node_output, read_by_update, reused_log_probs, run_compute
 from .resampling import Refill, ResampleRun
 from .node_metrics import graph_metrics
 from .roles import RoleSpec
@@ -162,6 +162,8 @@ class Stream:
 def _node(ex: "PlanExecutor", op: PlanOp, state: IterationState) -> InFlight:
     node = ex.graph.node(op.node)
     call = node_call(node, state.env)
+    if node.kind == "generate":  # the engine may keep the decode's products only for an update that reads them
+        call.args[0]["keep_products"] = read_by_update(ex.graph, node)
     slots = ex.topology.pool_slots(op.pool)
     balance = balances_tokens(ex.specs.get(call.role))
     split = split_for_ranks(call.method, call.batch, len(slots), balance_tokens=balance)

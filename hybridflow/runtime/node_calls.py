@@ -38,7 +38,7 @@ from . import contracts
 from .agent_metrics import agent_metrics
 from ..batch import Batch
 
-__all__ = ["SEQUENCE_FIELDS", "WorkerCall", "gather", "node_call", "node_output", "run_compute", "reused_log_probs",
+__all__ = ["SEQUENCE_FIELDS", "WorkerCall", "gather", "node_call", "node_output", "read_by_update", "run_compute", "reused_log_probs",
            "CALL_BUILDERS", "OUTPUT_READERS"]
 
 SEQUENCE_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
@@ -82,6 +82,25 @@ def _generate_call(node: Node, env: Mapping[str, Batch]) -> WorkerCall:
     if a.env is not None:  # a multi-turn rollout: the worker runs the agent loop with these settings
         return WorkerCall("generate", node.role, gather(node, env), (overrides, a.agent))
     return WorkerCall("generate", node.role, gather(node, env), (overrides,))
+
+
+def read_by_update(graph, node: Node) -> bool:
+    """Whether an update of ``node``'s role trains on ``node``'s rollout rows: its ``response_mask`` comes from
+    ``node``, directly or through nodes that each take theirs from the one before (filters, joins)."""
+    for update in graph.nodes:
+        if update.kind != "update" or update.role != node.role:
+            continue
+        seen, source = set(), _response_source(update)
+        while source is not None and source not in seen:
+            if source == node.name:
+                return True
+            seen.add(source)
+            source = _response_source(graph.node(source))
+    return False
+
+
+def _response_source(node: Node) -> str | None:
+    return next((i.source for i in node.inputs if i.name == "response_mask"), None)
 
 
 def _infer_call(node: Node, env: Mapping[str, Batch]) -> WorkerCall:

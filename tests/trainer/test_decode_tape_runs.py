@@ -30,3 +30,18 @@ def test_a_run_takes_the_decodes_products_and_logs_what_a_computing_run_logs(fas
         assert kept[key] == pytest.approx(value, abs=1e-5, rel=1e-5), key
         compared += 1
     assert compared > 20
+
+
+def test_only_generations_an_update_trains_on_may_keep_their_products():
+    from hybridflow.algorithms import get_algorithm
+    from hybridflow.compiler.validation import validation_graph
+    from hybridflow.runtime.node_calls import read_by_update
+
+    def kept(graph):
+        return {n.name: read_by_update(graph, n) for n in graph.nodes if n.kind == "generate"}
+
+    assert kept(get_algorithm("grpo").build()) == {"actor.generate": True}
+    assert kept(get_algorithm("ppo").build()) == {"actor.generate": True}
+    # ReMax's greedy baseline is scored, not trained on; validation trains on nothing
+    assert kept(get_algorithm("remax").build()) == {"actor.generate": True, "actor.generate_greedy": False}
+    assert kept(validation_graph()) == {"actor.generate_greedy": False, "actor.generate": False}

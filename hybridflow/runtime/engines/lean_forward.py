@@ -131,7 +131,9 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
         COUNTS["replayed"] += 1
     out_cache = []
     for index, layer in enumerate(backbone.layers):
-        taken = {} if replay is None else {name: t.index_select(0, flat) for name, t in tape.layers[index].items()}
+        # gate/up is read from the tape by the SwiGLU's backward (_SwiGLUDown): the update keeps no copy of it
+        taken = {} if replay is None else {name: tape.layers[index][name].index_select(0, flat)
+                                           for name in ("qkv", "o", "down")}
         attn = layer.self_attn
         normed = rms_norm(h, *_norm(layer.input_layernorm), cast)
         qkv = joined_linear(normed, attn.q_proj, attn.k_proj, attn.v_proj, given=taken.get("qkv"))
@@ -152,8 +154,8 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
             h = h + joined_linear(out, attn.o_proj, given=taken["o"])
         else:
             h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        h = h + _mlp(layer.mlp, rms_norm(h, *_norm(layer.post_attention_layernorm), cast), taken.get("gate_up"),
-                     taken.get("down"))
+        h = h + _mlp(layer.mlp, rms_norm(h, *_norm(layer.post_attention_layernorm), cast), taken.get("down"),
+                     None if replay is None else (tape.layers[index]["gate_up"], flat))
     h = rms_norm(h, *_norm(backbone.norm), cast)
     if packed is not None:
         h = h.new_zeros(b * q_len, h.shape[-1]).index_copy(0, packed, h).view(b, q_len, -1)
@@ -227,20 +229,24 @@ class _JoinedLinear(torch.autograd.Function):
         return (grad_x, None, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
 
 
-def _mlp(module: torch.nn.Module, x: torch.Tensor, given_both: torch.Tensor | None = None,
-         given_down: torch.Tensor | None = None) -> torch.Tensor:
+def _mlp(module: torch.nn.Module, x: torch.Tensor, given_down: torch.Tensor | None = None,
+         both_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The gated MLP ``down(act(gate(x)) * up(x))`` with gate and up as one matmul (a non-gated MLP: the module).
 
-    ``given_both``, ``given_down``: the two products' outputs, already computed (a decode's tape)."""
+    A decode's tape (with gradients, a SiLU-gated MLP): ``given_down``, the down product's output;
+    ``both_rows``, ``(source, index)``: the ``[gate, up]`` outputs are ``source[index]``, which only the backward
+    reads (:class:`_SwiGLUDown`); the forward passes a stand-in of their shape that holds no memory."""
     if not all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
         return module(x)
-    both = joined_linear(x, module.gate_proj, module.up_proj, given=given_both)
-    down = module.down_proj
     silu = type(getattr(module, "act_fn", None)).__name__ == "SiLUActivation"
+    deferred = both_rows is not None and silu and torch.is_grad_enabled()
+    stand_in = both_rows[0].new_zeros(()).expand(*x.shape[:-1], both_rows[0].shape[-1]) if deferred else None
+    both = joined_linear(x, module.gate_proj, module.up_proj, given=stand_in)
+    down = module.down_proj
     if silu and module.gate_proj.out_features == module.up_proj.out_features and torch.is_grad_enabled() and (
             both.requires_grad or down.weight.requires_grad):
-        return _SwiGLUDown.apply(both, down.weight, down.bias, given_down)
-    if given_down is not None:
+        return _SwiGLUDown.apply(both, down.weight, down.bias, given_down, *(both_rows if deferred else (None, None)))
+    if deferred:  # nothing needs a gradient here: the given output, whose inputs are the stand-in's
         return given_down
     gate, up = both.split(module.gate_proj.out_features, dim=-1)
     act = F.silu if silu else module.act_fn
@@ -260,20 +266,33 @@ class _SwiGLUDown(torch.autograd.Function):
     :data:`~.lean_decode.PACK_MIN` elements; from there its forward product and the product's gradient are
     oneDNN's (:func:`~.lean_decode.dense`), equal up to float summation order. Recomputing ``silu(gate)`` too saved another such
     tensor but cost the ~8M bench model's update 1.5% (measured, three alternating runs).
+
+    With a decode's tape (``given``: the output; ``source[index]``: the ``[gate, up]`` rows, ``both`` a stand-in)
+    the forward computes nothing and keeps only the tape and the index: the backward reads the rows and computes
+    ``silu(gate)`` (two ``(tokens, intermediate)`` tensors a layer fewer kept from the forward to the backward).
     """
 
     @staticmethod
     def forward(ctx, both: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                given: torch.Tensor | None = None):
+                given: torch.Tensor | None = None, source: torch.Tensor | None = None, index: torch.Tensor | None = None):
+        ctx.has_bias = bias is not None
+        ctx.deferred = source is not None
+        if ctx.deferred:
+            ctx.save_for_backward(source, index, weight)
+            return given
         gate, up = both.chunk(2, dim=-1)
         activated = F.silu(gate)
         ctx.save_for_backward(both, activated, weight)
-        ctx.has_bias = bias is not None
         return dense(activated * up, weight, bias) if given is None else given
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        both, activated, weight = ctx.saved_tensors
+        if ctx.deferred:
+            source, index, weight = ctx.saved_tensors
+            both = source.index_select(0, index).view(*grad.shape[:-1], source.shape[-1])
+            activated = F.silu(both[..., :both.shape[-1] // 2])
+        else:
+            both, activated, weight = ctx.saved_tensors
         gate, up = both.chunk(2, dim=-1)
         flat_grad = grad.reshape(-1, grad.shape[-1])
         grad_weight = None
@@ -289,4 +308,4 @@ class _SwiGLUDown(torch.autograd.Function):
             torch.mul(grad_product, activated, out=grad_up)
             # grad_product is this backward's own tensor, needed no more: the product with up goes into it
             torch.ops.aten.silu_backward(grad_product.mul_(up), gate, grad_input=grad_gate)
-        return grad_both, grad_weight, grad_bias, None
+        return grad_both, grad_weight, grad_bias, None, None, None

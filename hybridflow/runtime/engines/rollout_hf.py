@@ -220,7 +220,7 @@ class HFRolloutEngine:
         out = decode(self.model, piece["prompt_ids"].to(self.device), piece["prompt_mask"].to(self.device), params,
                      eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, generator=generator,
                      steps=None if segment is None else min(segment, width), capacity=width,
-                     keep_products=self.keep_products)
+                     keep_products=self.keep_products and params.keep_products)
         pad = width - out.response_ids.shape[1]
         mask = torch.nn.functional.pad(out.response_mask.cpu(), (0, pad))
         fields = {"response_ids": torch.nn.functional.pad(out.response_ids.cpu(), (0, pad), value=self.pad_token_id),

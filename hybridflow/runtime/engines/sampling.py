@@ -36,6 +36,7 @@ class SamplingParams(BaseModel):
     greedy: bool = Field(False, description="Take the argmax token at every step (temperature, top-p and top-k do not change the choice).")
     stop_at_eos: bool = Field(True, description="End a response at its first EOS token (kept and masked in); the rest is padding.")
     seed: int | None = Field(None, description="Seed of the sampling generator for reproducible rollouts; None uses torch's global RNG.")
+    keep_products: bool = Field(True, description="An update may read these responses: a rollout engine that keeps a decode's products for the update (hf: its keep_products option, decode_tape) may keep them. The executor sets it False for a generation no update of the same role reads (validation, ReMax's greedy baseline).")
 
 
 def scaled_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
