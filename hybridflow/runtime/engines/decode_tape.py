@@ -92,16 +92,8 @@ class DecodeTape:
         self.keys: dict[tuple, int] | None = None  # set by :meth:`seal`
         self.served = 0  # forward calls that replayed this tape
 
-    def begin(self, t: int, rows: torch.Tensor | None, alive: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """Step ``t`` computes a batch whose rows are ``rows`` (None: every row in order), ``alive`` ``(b,)`` those
-        still going -> ``(first tape row, the batch positions kept or None for all)``. Only rows still going are
-        kept: a row's step fed its last token (it had ended then) is no state an update reads."""
-        kept = alive.nonzero().squeeze(-1)
-        if kept.shape[0] == alive.shape[0]:
-            kept = None
-        else:
-            rows = kept if rows is None else rows[kept]
-        count = alive.shape[0] if kept is None else kept.shape[0]
+    def begin(self, t: int, rows: torch.Tensor | None, count: int) -> int:
+        """Step ``t`` computes ``count`` rows (``rows``: their rows, None: every row in order) -> its first tape row."""
         start = self.used
         self.used += count
         slots = torch.arange(start, start + count)
@@ -109,16 +101,12 @@ class DecodeTape:
             self.index[:, t] = slots
         else:
             self.index[rows, t] = slots
-        return start, kept
+        return start
 
-    def write(self, layer: int, step: tuple[int, torch.Tensor | None], name: str, out: torch.Tensor,
-              column: int = 0) -> None:
-        """A step's output ``out`` ``(b, 1, w)`` of product ``name`` (``step``: what :meth:`begin` returned) into its
-        columns from ``column`` (gate and up computed as two products write a block each)."""
-        start, kept = step
+    def write(self, layer: int, start: int, name: str, out: torch.Tensor, column: int = 0) -> None:
+        """A step's output ``out`` ``(count, 1, w)`` of product ``name`` from tape row ``start`` (:meth:`begin`), into
+        its columns from ``column`` (gate and up computed as two products write a block each)."""
         flat = out.reshape(-1, out.shape[-1])
-        if kept is not None:
-            flat = flat.index_select(0, kept)
         self.layers[layer][name][start:start + flat.shape[0], column:column + flat.shape[-1]].copy_(flat)
 
     def slots(self, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

@@ -216,7 +216,6 @@ class LeanStepper:
         self.logits = self._forward(prompt_ids.long(), allowed[:, None], prompt_cos, prompt_sin, 0, p, rows)[rows]
         self.compact = compact and weight.device.type == "cpu" and _row_invariant(b * n)
         self.tape = tape
-        self._alive: torch.Tensor | None = None  # the last step's rows still going (step)
         self.row_steps = 0
         self.rows: torch.Tensor | None = None  # original row of each buffer row once compacted; None: all, in order
         self.out = self.logits  # (B, V): the logits last returned, every row's (written in place once compacted)
@@ -232,7 +231,7 @@ class LeanStepper:
         heads, rotated = self.heads, self.heads + self.kv_heads
         cast = self.cast
         tape, put = self.tape if rows is None else None, None
-        first = None if tape is None else tape.begin(start - self.prompt_len, self.rows, self._alive)  # its tape rows
+        first = None if tape is None else tape.begin(start - self.prompt_len, self.rows, b)  # a step: its tape rows
         for index, ((norm1, qkv_proj, o_proj, norm2, mlp), kb, vb) in enumerate(zip(self.plan, self.keys, self.values)):
             if tape is not None:
                 put = partial(tape.write, index, first)
@@ -270,7 +269,6 @@ class LeanStepper:
             token, alive = token[self.rows], alive[self.rows]
         slot = self.prompt_len + t
         self.valid[:, slot] = alive
-        self._alive = alive  # the rows a tape keeps (decode_tape)
         self.row_steps += token.shape[0]
         logits = self._forward(token[:, None], self.valid[:, None, None, :slot + 1], self.cos[:, :, t:t + 1],
                                self.sin[:, :, t:t + 1], slot, slot + 1, None)
