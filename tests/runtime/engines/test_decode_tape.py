@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hybridflow.data.tiny import make_tiny_model
-from hybridflow.runtime.engines import decode_tape, lean_decode
+from hybridflow.runtime.engines import decode_tape, lean_decode, lean_forward
 from hybridflow.runtime.engines.decode import decode
 from hybridflow.runtime.engines.lean_forward import lean_shared_hidden
 from hybridflow.runtime.engines.sampling import SamplingParams
@@ -57,10 +57,15 @@ def _rows(fields: dict, rows) -> dict:
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("pack_min", [1 << 17, 0], ids=["mkl", "onednn"])
+@pytest.mark.parametrize("pack_min, join_limit", [(1 << 17, 1 << 20), (0, 1 << 20), (0, 0)],
+                         ids=["mkl", "onednn", "onednn-unjoined"])
 @pytest.mark.parametrize("compact", [True, False], ids=["compacted", "every-row"])
-def test_replayed_states_and_gradients_equal_the_recomputed_ones(arch, pack_min, compact, monkeypatch):
+def test_replayed_states_and_gradients_equal_the_recomputed_ones(arch, pack_min, join_limit, compact, monkeypatch):
     monkeypatch.setattr(lean_decode, "PACK_MIN", pack_min)
+    # unjoined (the ~100M model): the decode's gate and up as two products writing a block each, the update's
+    # q/k/v and gate/up each layer writing its columns
+    monkeypatch.setattr(lean_decode, "JOIN_LIMIT", join_limit)
+    monkeypatch.setattr(lean_forward, "JOIN_LIMIT", join_limit)
     monkeypatch.setattr(decode_tape, "FILL", float("nan"))  # a position read that no step wrote shows as NaN
     model = _model(arch)
     fields = _decoded(model, compact=compact)
