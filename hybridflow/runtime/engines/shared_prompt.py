@@ -90,20 +90,19 @@ def shared_response_hidden(backbone: torch.nn.Module, prompt_ids: torch.Tensor, 
     from .decode_tape import replay_rows
     from .lean_forward import lean_forward_applies, lean_shared_hidden
 
-    lean = lean_forward_applies(backbone)
-    # the decode's products for the response positions (decode_tape): the prompts' call is then worth making
-    # whatever it shares, the response positions' products being the decode's
-    replay = replay_rows(backbone, prompt_ids, prompt_mask, response_ids, response_mask) if (
-        lean and torch.is_grad_enabled() and response_ids.shape[-1] > 1) else None
     groups = prompt_groups(prompt_ids, prompt_mask)
-    if replay is not None:
+    # the decode's products for the response positions (decode_tape; a dict lookup where none is kept): the
+    # prompts' call is then worth making whatever it shares, the response positions' products being the decode's
+    replay = replay_rows(backbone, prompt_ids, prompt_mask, response_ids, response_mask) if (
+        torch.is_grad_enabled() and response_ids.shape[-1] > 1) else None
+    if replay is not None and lean_forward_applies(backbone):
         every = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
         return lean_shared_hidden(backbone, prompt_ids, prompt_mask, response_ids, response_mask,
                                   (every, every) if groups is None else groups, replay)
     hidden = getattr(getattr(backbone, "config", None), "hidden_size", None)
     if groups is None or (prompt_ids.shape[0] - len(groups[0])) * prompt_ids.shape[-1] < min_saved_positions(hidden):
         return None
-    if lean:  # the same states without the framework's per-call work
+    if lean_forward_applies(backbone):  # the same states without the framework's per-call work
         return lean_shared_hidden(backbone, prompt_ids, prompt_mask, response_ids, response_mask, groups)
     from .decode import cache_keyword, new_cache
 

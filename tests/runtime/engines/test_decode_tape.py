@@ -15,6 +15,11 @@ from hybridflow.runtime.engines.shared_prompt import prompt_groups, shared_respo
 VOCAB, EOS, PAD = 24, 2, 0
 
 
+@pytest.fixture(autouse=True)
+def _narrow_models_record(monkeypatch):
+    monkeypatch.setattr(decode_tape, "MIN_HIDDEN", 0)  # these tiny models are narrower than the default
+
+
 def _model(arch: str = "qwen2", seed: int = 3):
     torch.manual_seed(seed)
     return make_tiny_model(arch, vocab_size=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=seed).train()
@@ -129,6 +134,10 @@ def test_rows_the_decode_did_not_produce_are_computed():
 
 def test_no_tape_where_nothing_trains_or_it_would_be_too_large(monkeypatch):
     model = _model()
+    monkeypatch.setattr(decode_tape, "MIN_HIDDEN", 64)  # narrower than this: nothing recorded
+    _decoded(model)
+    assert model.base_model not in decode_tape._TAPES
+    monkeypatch.setattr(decode_tape, "MIN_HIDDEN", 32)
     model.requires_grad_(False)
     _decoded(model)
     assert model.base_model not in decode_tape._TAPES
