@@ -103,7 +103,7 @@ class FSDPTrainEngine(TrainEngine):
         metric_prefix / device: as for TrainEngine.
     """
 
-    keeps_gradient_buffers = False
+    flat_gradients = False
     """FSDP puts each step's reduced gradient shards on the parameters itself: they are dropped after each step."""
 
     def __init__(self, module: torch.nn.Module, config: TrainEngineConfig | None = None, *, mesh: DeviceMesh,

@@ -39,6 +39,7 @@ from hybridflow_ops.masked import masked_mean
 
 from hybridflow.errors import BatchError, OpError
 
+from .grad_slots import gradients_into
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
@@ -83,11 +84,15 @@ class TrainEngine:
         self.shuffle_generator = torch.Generator().manual_seed(self.config.seed)
         """Orders the samples into mini-batches at each update (``config.shuffle``); checkpointed with the engine."""
         self.is_value_model = hasattr(self.module, "response_values")
+        self._gradient_slots: list[tuple[torch.nn.Parameter, torch.Tensor]] | None = None
+        """Each trainable parameter's gradient in the update's flat buffer (:meth:`_start_gradients`), None between
+        updates."""
         self._zeroed: list[tuple[torch.nn.Parameter, torch.Tensor, int]] = []
         """The gradient buffers :meth:`_start_gradients` zeroed, with their versions then."""
 
-    keeps_gradient_buffers = True
-    """On the CPU, keep the gradient buffers from step to step (:meth:`_start_gradients`); the FSDP engine does not."""
+    flat_gradients = True
+    """On the CPU, an update's gradients live in one buffer given back at its end (:meth:`_start_gradients`); the FSDP
+    engine's do not."""
 
     # ------------------------------------------------------------------ inference
 
@@ -192,6 +197,7 @@ class TrainEngine:
                     skipped += 1
                 else:
                     metrics.add_all(stats)
+        self._release_gradients()
         self.scheduler.advance()
         out = {f"{self.metric_prefix}/{k}": v for k, v in metrics.means().items()}
         out[f"{self.metric_prefix}/lr"] = lr
@@ -222,9 +228,12 @@ class TrainEngine:
         for index, micro in enumerate(micro_batches):
             share = count_tokens(micro["response_mask"]).float() / local_tokens
             metrics = pending if index < len(groups) else []  # a stand-in's (zero) metrics are left out
-            self._micro_batch_loss(micro, terms, needs, global_counts, metrics, share).backward()
-        self._forget_untouched_gradients()
-        if not len(mini["response_mask"]):
+            loss = self._micro_batch_loss(micro, terms, needs, global_counts, metrics, share)
+            with gradients_into({id(param): grad for param, grad, _ in self._zeroed}):
+                loss.backward()
+        if len(mini["response_mask"]):
+            self._forget_untouched_gradients()
+        else:
             self._zero_gradients()  # no row contributes: the optimizer still takes its (zero-gradient) step
         grad_norm = self._clip_gradients()
         scalars = [grad_norm.float()] + [v for _, v, _ in pending] + [w for _, _, w in pending if w is not None]
@@ -240,7 +249,7 @@ class TrainEngine:
             self._drop_gradients()
             return None
         self.optimizer.step()
-        if not self._keeps_gradients:
+        if not self._flat_gradients:
             self._drop_gradients()  # on a GPU, the memory goes back to the caching allocator for the rollout
         return {**token_means.means(), **loss_sums, "grad_norm": grad_norm_value}
 
@@ -289,27 +298,39 @@ class TrainEngine:
                 param.grad = None
 
     @property
-    def _keeps_gradients(self) -> bool:
-        return self.keeps_gradient_buffers and self.device.type == "cpu"
+    def _flat_gradients(self) -> bool:
+        return self.flat_gradients and self.device.type == "cpu"
 
     def _start_gradients(self) -> None:
         """No gradient before a mini-batch's backward passes: on a GPU none at all (:meth:`_drop_gradients`), on the
-        CPU the last step's buffers zeroed in place, so that the backward adds into them.
+        CPU each trainable parameter's slot of one zeroed buffer, which the backward adds into.
 
-        Set to None, every step's gradients (the model's size) are allocated anew, and glibc keeps the freed
-        blocks in its heap, where the next allocations of other sizes fragment them: on the ~100M bench model
-        the process's peak RSS was ~100-150 MB higher (docs/benchmarks.md). A buffer that no backward of the
-        mini-batch then touches is set back to None (:meth:`_forget_untouched_gradients`), as ``set_to_none``
-        leaves it: clipping and AdamW skip its parameter exactly as before. ``0 + g`` is ``g``: the same numbers.
+        The buffer is made at an update's first mini-batch, zeroed in place for the next ones, and given back at the
+        update's end (:meth:`_release_gradients`), so that no gradient is resident while the rollout decodes (on the
+        ~100M bench model the decode's reordered weight copies are as large as the gradients). One allocation of the
+        model's size is mapped and unmapped as a whole; gradients allocated per parameter by each backward leave
+        glibc's heap fragmented instead (docs/benchmarks.md). Each slot is its own tensor on the buffer's storage
+        (``Tensor.set_``, not a view), with its own version counter: a slot that no backward of the mini-batch
+        touches is set back to None (:meth:`_forget_untouched_gradients`), as ``set_to_none`` leaves it: clipping
+        and AdamW skip its parameter exactly as before. ``0 + g`` is ``g``: the same numbers.
         """
-        if not self._keeps_gradients:
+        if not self._flat_gradients:
             return self._drop_gradients()
+        if self._gradient_slots is None:
+            self._gradient_slots = _flat_gradient_slots(self.optimizer)
+        else:
+            for _, grad in self._gradient_slots:
+                grad.zero_()
         self._zeroed = []
-        for group in self.optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    param.grad.requires_grad_(False).zero_()
-                    self._zeroed.append((param, param.grad, param.grad._version))
+        for param, grad in self._gradient_slots:
+            param.grad = grad
+            self._zeroed.append((param, grad, grad._version))
+
+    def _release_gradients(self) -> None:
+        """Give the update's gradient buffer back (:meth:`_start_gradients`): no parameter keeps a gradient."""
+        if self._gradient_slots is not None:
+            self._drop_gradients()
+            self._gradient_slots = None
 
     def _forget_untouched_gradients(self) -> None:
         """Set back to None each buffer :meth:`_start_gradients` zeroed that no backward has written since (the same
@@ -440,3 +461,28 @@ class TrainEngine:
             yield from adapter_state(self.module).items()
         else:
             yield from self.module.state_dict(keep_vars=False).items()
+
+
+def _flat_gradient_slots(optimizer: torch.optim.Optimizer) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """A zeroed gradient for each trainable parameter of ``optimizer``, all on one buffer per dtype and device.
+
+    Each is made with ``Tensor.set_`` on the buffer's storage (its own tensor and version counter, not a view), at
+    an offset aligned to 64 bytes. The buffer's memory goes when the last of them does."""
+    params = list({id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad}.values())
+    kinds: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+    for param in params:
+        kinds.setdefault((param.dtype, param.device), []).append(param)
+    slots = []
+    for (dtype, device), members in kinds.items():
+        align = max(1, 64 // torch.empty((), dtype=dtype).element_size())
+        offsets, total = [], 0
+        for param in members:
+            offsets.append(total)
+            total += -(-param.numel() // align) * align
+        storage = torch.zeros(total, dtype=dtype, device=device).untyped_storage()
+        for param, offset in zip(members, offsets):
+            strides = [1] * param.dim()
+            for i in range(param.dim() - 2, -1, -1):
+                strides[i] = strides[i + 1] * param.shape[i + 1]
+            slots.append((param, torch.empty(0, dtype=dtype, device=device).set_(storage, offset, param.shape, strides)))
+    return slots

@@ -107,31 +107,38 @@ def test_nan_loss_skips_the_step_without_crashing(tokenizer, model):
     assert metrics["actor/nan_skipped"] == 1.0  # the first mini-batch; the second one stepped
     assert all(math.isfinite(v) for v in metrics.values())
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
-    # the non-finite gradients went with their step: what is left is the stepped mini-batch's (kept on the CPU)
-    assert all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())  # the update gave its gradient buffer back
 
 
-def test_gradient_buffers_kept_between_steps_give_the_numbers_of_fresh_ones(tokenizer, model):
+def test_one_flat_gradient_buffer_gives_the_numbers_of_gradients_made_per_parameter(tokenizer, model):
     batch = rollout(tokenizer, model, n=2)
     config = TrainEngineConfig(lr=1e-2, weight_decay=0.1, mini_batch_size=4, micro_batch_size=2)
-    kept, fresh = TrainEngine(copy.deepcopy(model), config), TrainEngine(copy.deepcopy(model), config)
-    fresh.keeps_gradient_buffers = False
+    flat, fresh = TrainEngine(copy.deepcopy(model), config), TrainEngine(copy.deepcopy(model), config)
+    fresh.flat_gradients = False
+    storages = {"flat": [], "fresh": []}
+    for name, engine in (("flat", flat), ("fresh", fresh)):
+        engine.optimizer.register_step_pre_hook(lambda opt, args, kwargs, seen=storages[name]: seen.append(
+            {p.grad.untyped_storage().data_ptr() for group in opt.param_groups for p in group["params"]}))
     for _ in range(3):
-        assert kept.update(batch, PG) == fresh.update(batch, PG)
-    assert all(torch.equal(a, b) for a, b in zip(kept.module.state_dict().values(), fresh.module.state_dict().values()))
-    assert all(p.grad is not None for p in kept.module.parameters())  # kept: the buffers the next backward adds into
-    assert all(p.grad is None for p in fresh.module.parameters())
+        assert flat.update(batch, PG) == fresh.update(batch, PG)
+    assert all(torch.equal(a, b) for a, b in zip(flat.module.state_dict().values(), fresh.module.state_dict().values()))
+    # several mini-batches an update: every optimizer step's gradients shared one storage, the update's
+    assert len(storages["flat"]) == len(storages["fresh"]) > 3 and all(len(step) == 1 for step in storages["flat"])
+    assert storages["flat"][0] == storages["flat"][1]
+    assert all(len(step) > 1 for step in storages["fresh"])  # each backward made its own
+    assert all(p.grad is None for p in flat.module.parameters())  # given back: none resident between updates
 
 
-def test_a_kept_gradient_buffer_no_backward_touches_leaves_its_parameter_alone(tokenizer, model):
-    # AdamW skips a parameter whose gradient is None; a kept buffer zeroed but untouched is set back to None,
-    # or weight decay (and the moments of earlier steps) would move a parameter no loss depends on
+def test_a_gradient_slot_no_backward_touches_leaves_its_parameter_alone(tokenizer, model):
+    # AdamW skips a parameter whose gradient is None; a zeroed slot of the flat buffer that no backward touched is
+    # set back to None, or weight decay (and the moments of earlier steps) would move a parameter no loss depends on
     model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
     engine = TrainEngine(model, TrainEngineConfig(lr=1e-2, weight_decay=0.1))
-    model.unused.grad = torch.full((3,), 0.5)  # a buffer left from a step in which it was used
+    model.unused.grad = torch.full((3,), 0.5)  # a gradient left from elsewhere
+    head = model.lm_head.weight.detach().clone()
     engine.update(rollout(tokenizer, model), PG)
     assert torch.equal(model.unused.detach(), torch.ones(3)) and model.unused.grad is None
-    assert model.lm_head.weight.grad is not None
+    assert not torch.equal(model.lm_head.weight.detach(), head)
 
 
 def test_metric_keys_and_lr_schedule(tokenizer, model):
