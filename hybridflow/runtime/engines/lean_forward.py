@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from hybridflow.errors import ExecutionError
 
 from .decode_tape import COUNTS, DecodeTape
+from .grad_slots import weight_gradient
 from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
@@ -225,6 +226,7 @@ class _JoinedLinear(torch.autograd.Function):
                     grad_x.addmm_(block, weight)
                 grad_x = grad_x.view(*grad.shape[:-1], grad_x.shape[-1])
             weight_grads = tuple(block.t() @ flat_x if needed else None for block, needed in zip(blocks, wanted))
+        weight_grads = tuple(weight_gradient(w, g) for w, g in zip(weights, weight_grads))  # into the buffers
         bias_grads = flat_grad.sum(0).split(rows) if any(ctx.has_bias) else (None,) * len(rows)
         return (grad_x, None, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
 
@@ -298,7 +300,7 @@ class _SwiGLUDown(torch.autograd.Function):
         grad_weight = None
         if ctx.needs_input_grad[1]:
             product = activated * up
-            grad_weight = flat_grad.t() @ product.reshape(-1, product.shape[-1])
+            grad_weight = weight_gradient(weight, flat_grad.t() @ product.reshape(-1, product.shape[-1]))
         grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         grad_both = None
         if ctx.needs_input_grad[0]:
