@@ -151,10 +151,7 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
         out = out.transpose(1, 2).reshape(b, q_len, -1)
         if packed is not None:
             out = out.reshape(b * q_len, -1).index_select(0, packed)
-        if "o" in taken:
-            h = h + joined_linear(out, attn.o_proj, given=taken["o"])
-        else:
-            h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        h = h + joined_linear(out, attn.o_proj, given=taken.get("o"))
         h = h + _mlp(layer.mlp, rms_norm(h, *_norm(layer.post_attention_layernorm), cast), taken.get("down"),
                      None if replay is None else (tape.layers[index]["gate_up"], flat))
     h = rms_norm(h, *_norm(backbone.norm), cast)
@@ -204,7 +201,7 @@ class _JoinedLinear(torch.autograd.Function):
             return linear_into(x, weights, biases)
         bias = None if not any(ctx.has_bias) else torch.cat(
             [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-        return dense(x, torch.cat(weights), bias)
+        return dense(x, weights[0] if count == 1 else torch.cat(weights), bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -215,7 +212,7 @@ class _JoinedLinear(torch.autograd.Function):
         grad_x = None
         if ctx.joined:
             if ctx.needs_input_grad[0]:
-                grad_x = dense(grad, torch.cat(weights).t())
+                grad_x = dense(grad, (weights[0] if len(weights) == 1 else torch.cat(weights)).t())
             # the joint weight gradient as autograd's mm backward computes it for a transposed weight: g^T x
             weight_grads = (flat_grad.t() @ flat_x).split(rows) if any(wanted) else (None,) * len(rows)
         else:

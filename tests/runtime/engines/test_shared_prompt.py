@@ -10,6 +10,7 @@ from engine_testkit import grouped_batch
 from hybridflow.data.tiny import make_tiny_model
 from hybridflow.runtime.engines import lm_logprobs
 from hybridflow.runtime.engines.critic import ValueModel
+from hybridflow.runtime.engines.grad_slots import gradients_into
 from hybridflow.runtime.engines.sequence import join_prompt_response, response_hidden
 from hybridflow.runtime.engines.shared_prompt import (MIN_SAVED_POSITIONS, REFERENCE_WIDTH, min_saved_positions,
                                                      prompt_groups, shared_response_hidden)
@@ -136,3 +137,33 @@ def test_update_log_probs_and_values_equal_the_joined_rows(monkeypatch):
     joined = critic.value_head(response_hidden(critic.backbone, join_prompt_response(*fields), 6)).squeeze(-1)
     valid = batch["response_mask"].bool()
     torch.testing.assert_close(values[valid], joined.float()[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_weight_gradients_go_into_the_buffers_as_computed_with_the_numbers_autograd_sums():
+    # each weight is used twice (responses, then prompts); autograd holds the responses' gradient until the prompts'
+    # backward adds theirs, then adds the sum to .grad once. Inside gradients_into the lean backward adds each into
+    # the weight's buffer as it computes it (two adds): 0 + a + b is a + b to the bit
+    torch.manual_seed(0)
+    model = make_tiny_model("qwen2", vocab_size=24, hidden=WIDTH, layers=2, heads=4, kv_heads=2).train()
+    fields = [_group_batch()[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    projections = {name for name, _ in model.named_parameters() if "proj.weight" in name}
+    results = []
+    for direct in (False, True):
+        grads = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
+        for name, p in model.named_parameters():
+            p.grad = grads[name]
+        versions = {name: g._version for name, g in grads.items()}
+        hidden = shared_response_hidden(model.base_model, *fields)
+        assert hidden is not None
+        with gradients_into({id(p): grads[name] for name, p in model.named_parameters()} if direct else {}):
+            (hidden * torch.linspace(-1, 1, WIDTH)).sum().backward()
+        assert all(p.grad is grads[name] for name, p in model.named_parameters())
+        adds = {name: g._version - versions[name] for name, g in grads.items()}
+        results.append((grads, adds))
+    (summed, autograd_adds), (direct, direct_adds) = results
+    assert len(projections) == 14 and all(autograd_adds[name] == 1 for name in projections)
+    assert {n: direct_adds[n] for n in projections} == dict.fromkeys(projections, 2)  # both uses, each when computed
+    others = {name: adds for name, adds in autograd_adds.items() if name not in projections}
+    assert {name: direct_adds[name] for name in others} == others  # biases, norms, embeddings: autograd's one add
+    for name, grad in summed.items():
+        assert torch.equal(direct[name], grad), name
