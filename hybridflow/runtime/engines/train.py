@@ -312,7 +312,8 @@ class TrainEngine:
         glibc's heap fragmented instead (docs/benchmarks.md). Each slot is its own tensor on the buffer's storage
         (``Tensor.set_``, not a view), with its own version counter: a slot that no backward of the mini-batch
         touches is set back to None (:meth:`_forget_untouched_gradients`), as ``set_to_none`` leaves it: clipping
-        and AdamW skip its parameter exactly as before. ``0 + g`` is ``g``: the same numbers.
+        and AdamW skip its parameter exactly as before. ``0 + g`` is ``g``: the same numbers. The lean forward's
+        backward functions add each weight gradient into its slot as they compute it (:mod:`.grad_slots`).
         """
         if not self._flat_gradients:
             return self._drop_gradients()
