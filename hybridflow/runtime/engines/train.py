@@ -331,7 +331,7 @@ class TrainEngine:
         """Give the update's gradient buffer back (:meth:`_start_gradients`): no parameter keeps a gradient."""
         if self._gradient_slots is not None:
             self._drop_gradients()
-            self._gradient_slots = None
+            self._gradient_slots, self._zeroed = None, []
 
     def _forget_untouched_gradients(self) -> None:
         """Set back to None each buffer :meth:`_start_gradients` zeroed that no backward has written since (the same

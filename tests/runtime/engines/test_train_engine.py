@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 
 import pytest
 import torch
@@ -127,6 +128,24 @@ def test_one_flat_gradient_buffer_gives_the_numbers_of_gradients_made_per_parame
     assert storages["flat"][0] == storages["flat"][1]
     assert all(len(step) > 1 for step in storages["fresh"])  # each backward made its own
     assert all(p.grad is None for p in flat.module.parameters())  # given back: none resident between updates
+
+
+@pytest.mark.parametrize("rows_contribute", [True, False])
+def test_an_update_gives_its_gradient_buffer_back(tokenizer, model, rows_contribute):
+    # the buffer is the model's size: none of its slots may outlive the update (the rollout decodes in between),
+    # also where no row contributes and the optimizer steps on the zeroed slots
+    batch = rollout(tokenizer, model)
+    if not rows_contribute:
+        batch = batch.with_fields(advantages=torch.zeros_like(batch["advantages"]))
+    engine = TrainEngine(model, TrainEngineConfig(lr=1e-2, mini_batch_size=4, weight_decay=0.0))
+    slots = []
+    engine.optimizer.register_step_pre_hook(lambda opt, args, kwargs: slots.extend(
+        weakref.ref(p.grad) for group in opt.param_groups for p in group["params"] if p.grad is not None))
+    before = weights(model)
+    engine.update(batch, PG)
+    assert len(slots) == 2 * len(list(model.parameters()))  # two mini-batches, every parameter a slot
+    assert all(ref() is None for ref in slots) and all(p.grad is None for p in model.parameters())
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()) == rows_contribute
 
 
 def test_a_gradient_slot_no_backward_touches_leaves_its_parameter_alone(tokenizer, model):
