@@ -1,4 +1,5 @@
-"""Weight gradients added into the update's gradient buffers as the backward computes them.
+"""The update's gradient buffers (:func:`flat_gradient_slots`), and weight gradients added into them as the backward
+computes them (:func:`gradients_into`).
 
 Autograd sums the gradients a parameter receives from each of its uses in one backward before it adds them to
 ``.grad``: the engine holds the first ones in the parameter's input buffer until the last use's backward has run.
@@ -22,7 +23,7 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["gradients_into", "weight_gradient"]
+__all__ = ["flat_gradient_slots", "gradients_into", "weight_gradient"]
 
 _SLOTS: ContextVar[dict[int, torch.Tensor] | None] = ContextVar("hybridflow_gradient_slots", default=None)
 
@@ -47,3 +48,28 @@ def weight_gradient(weight: torch.Tensor, grad: torch.Tensor | None) -> torch.Te
         return grad
     slot.add_(grad)
     return None
+
+
+def flat_gradient_slots(optimizer: torch.optim.Optimizer) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """A zeroed gradient for each trainable parameter of ``optimizer``, all on one buffer per dtype and device.
+
+    Each is made with ``Tensor.set_`` on the buffer's storage (its own tensor and version counter, not a view), at
+    an offset aligned to 64 bytes. The buffer's memory goes when the last of them does."""
+    params = list({id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad}.values())
+    kinds: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+    for param in params:
+        kinds.setdefault((param.dtype, param.device), []).append(param)
+    slots = []
+    for (dtype, device), members in kinds.items():
+        align = max(1, 64 // torch.empty((), dtype=dtype).element_size())
+        offsets, total = [], 0
+        for param in members:
+            offsets.append(total)
+            total += -(-param.numel() // align) * align
+        storage = torch.zeros(total, dtype=dtype, device=device).untyped_storage()
+        for param, offset in zip(members, offsets):
+            strides = [1] * param.dim()
+            for i in range(param.dim() - 2, -1, -1):
+                strides[i] = strides[i + 1] * param.shape[i + 1]
+            slots.append((param, torch.empty(0, dtype=dtype, device=device).set_(storage, offset, param.shape, strides)))
+    return slots

@@ -39,7 +39,7 @@ from hybridflow_ops.masked import masked_mean
 
 from hybridflow.errors import BatchError, OpError
 
-from .grad_slots import gradients_into
+from .grad_slots import flat_gradient_slots, gradients_into
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
@@ -318,7 +318,7 @@ class TrainEngine:
         if not self._flat_gradients:
             return self._drop_gradients()
         if self._gradient_slots is None:
-            self._gradient_slots = _flat_gradient_slots(self.optimizer)
+            self._gradient_slots = flat_gradient_slots(self.optimizer)
         else:
             for _, grad in self._gradient_slots:
                 grad.zero_()
@@ -463,27 +463,3 @@ class TrainEngine:
         else:
             yield from self.module.state_dict(keep_vars=False).items()
 
-
-def _flat_gradient_slots(optimizer: torch.optim.Optimizer) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-    """A zeroed gradient for each trainable parameter of ``optimizer``, all on one buffer per dtype and device.
-
-    Each is made with ``Tensor.set_`` on the buffer's storage (its own tensor and version counter, not a view), at
-    an offset aligned to 64 bytes. The buffer's memory goes when the last of them does."""
-    params = list({id(p): p for group in optimizer.param_groups for p in group["params"] if p.requires_grad}.values())
-    kinds: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-    for param in params:
-        kinds.setdefault((param.dtype, param.device), []).append(param)
-    slots = []
-    for (dtype, device), members in kinds.items():
-        align = max(1, 64 // torch.empty((), dtype=dtype).element_size())
-        offsets, total = [], 0
-        for param in members:
-            offsets.append(total)
-            total += -(-param.numel() // align) * align
-        storage = torch.zeros(total, dtype=dtype, device=device).untyped_storage()
-        for param, offset in zip(members, offsets):
-            strides = [1] * param.dim()
-            for i in range(param.dim() - 2, -1, -1):
-                strides[i] = strides[i + 1] * param.shape[i + 1]
-            slots.append((param, torch.empty(0, dtype=dtype, device=device).set_(storage, offset, param.shape, strides)))
-    return slots
