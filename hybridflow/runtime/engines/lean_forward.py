@@ -201,7 +201,7 @@ class _JoinedLinear(torch.autograd.Function):
             return linear_into(x, weights, biases)
         bias = None if not any(ctx.has_bias) else torch.cat(
             [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-        return dense(x, weights[0] if count == 1 else torch.cat(weights), bias)
+        return dense(x, _joined(weights), bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -212,7 +212,7 @@ class _JoinedLinear(torch.autograd.Function):
         grad_x = None
         if ctx.joined:
             if ctx.needs_input_grad[0]:
-                grad_x = dense(grad, (weights[0] if len(weights) == 1 else torch.cat(weights)).t())
+                grad_x = dense(grad, _joined(weights).t())
             # the joint weight gradient as autograd's mm backward computes it for a transposed weight: g^T x
             weight_grads = (flat_grad.t() @ flat_x).split(rows) if any(wanted) else (None,) * len(rows)
         else:
@@ -226,6 +226,11 @@ class _JoinedLinear(torch.autograd.Function):
         weight_grads = tuple(weight_gradient(w, g) for w, g in zip(weights, weight_grads))  # into the buffers
         bias_grads = flat_grad.sum(0).split(rows) if any(ctx.has_bias) else (None,) * len(rows)
         return (grad_x, None, None, *weight_grads, *(g if has else None for g, has in zip(bias_grads, ctx.has_bias)))
+
+
+def _joined(weights) -> torch.Tensor:
+    """The weights one above the other (no copy of a single one)."""
+    return weights[0] if len(weights) == 1 else torch.cat(weights)
 
 
 def _mlp(module: torch.nn.Module, x: torch.Tensor, given_down: torch.Tensor | None = None,
