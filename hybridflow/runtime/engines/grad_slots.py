@@ -67,9 +67,6 @@ def flat_gradient_slots(optimizer: torch.optim.Optimizer) -> list[tuple[torch.nn
             offsets.append(total)
             total += -(-param.numel() // align) * align
         storage = torch.zeros(total, dtype=dtype, device=device).untyped_storage()
-        for param, offset in zip(members, offsets):
-            strides = [1] * param.dim()
-            for i in range(param.dim() - 2, -1, -1):
-                strides[i] = strides[i + 1] * param.shape[i + 1]
-            slots.append((param, torch.empty(0, dtype=dtype, device=device).set_(storage, offset, param.shape, strides)))
+        for param, offset in zip(members, offsets):  # contiguous: set_'s default strides
+            slots.append((param, torch.empty(0, dtype=dtype, device=device).set_(storage, offset, param.shape)))
     return slots

@@ -9,7 +9,6 @@ from hybridflow.data.tiny import make_tiny_tokenizer
 from hybridflow.batch import Batch
 
 
-
 @pytest.fixture(autouse=True)
 def one_thread():
     """Each engine test at one torch thread, whatever a test before it in this worker set (a trainer run sizes its
