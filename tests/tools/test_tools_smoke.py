@@ -43,7 +43,7 @@ SCRIPTS = (
     "bench_predicted.py", "bench_rollout.py", "bench_scale.py", "bench_rollout_decode.py", "bench_roofline.py", "bench_streaming.py", "bench_vs_trl.py", "bench_weight_sync.py",
     "gen_config_docs.py", "gen_operator_docs.py", "gpu_check.py", "bench_trl/hybridflow_runner.py", "bench_trl/replay_hybridflow.py",
     "bench_trl/replay_trl.py", "bench_trl/trl_runner.py",
-    "bench_calibration.py", "bench_warm_workers.py",
+    "bench_calibration.py", "bench_warm_workers.py", "bench_grad_memory.py",
 )
 """The Python scripts with a command line: ``main(argv)``."""
 MODULES = ("generated_page.py", "bench_trl/common.py", "bench_trl/flops.py", "bench_trl/parity.py",
@@ -165,6 +165,16 @@ def test_bench_roofline_sums_the_products_of_the_rows_still_going(capsys):
     assert result["update_tokens"] == 2 * 5 + round(4 * result["mean_response_len"])
     assert result["decode_s"] > 0 and result["update_s"] > result["update_backward_s"] > 0
     assert "2x TRL's 0.050 s is 0.025 s a step" in out
+
+
+def test_bench_grad_memory_measures_both_sides_each_in_a_fresh_process(capsys):
+    # a 50,000-token vocabulary at hidden 256: each dense embedding gradient is 51 MB, and autograd holds the
+    # responses' one while the prompts' one is made; the buffers side makes none
+    result, out = run("bench_grad_memory.py", ["--vocab", "50000", "--hidden", "256", "--layers", "1", "--heads", "4",
+                                               "--kv-heads", "2", "--prompts", "2", "--group", "2", "--prompt-len", "32",
+                                               "--response-len", "4"], capsys)
+    assert set(result) == {"autograd", "buffers", "rise_ratio"} and "rise over the step, buffers / autograd" in out
+    assert result["autograd"]["rise_mb"] >= result["buffers"]["rise_mb"] + 40
 
 
 def test_bench_overhead_runs_one_pair_of_the_same_steps(capsys):

@@ -9,7 +9,7 @@ of cached keys/values) computed on the model's own parameters, with gradients, b
 :func:`~.shared_prompt.shared_response_hidden` (each distinct prompt once, :func:`lean_shared_hidden`)
 use it where it applies:
 
-- the model's ``embed_tokens`` module (its ``padding_idx`` keeps the padding row's gradient 0),
+- the model's ``embed_tokens`` (:func:`embedding`; its ``padding_idx`` keeps the padding row's gradient 0),
 - per layer: RMSNorm inlined, ``q/k/v_proj`` side by side into one output (:func:`joined_linear`: one
   matmul on their joined weights when they are small, each writing its columns when large; each
   projection's gradient is its block of the joint one, and no joined copy is kept for the backward),
@@ -41,11 +41,11 @@ import torch.nn.functional as F
 from hybridflow.errors import ExecutionError
 
 from .decode_tape import COUNTS, DecodeTape
-from .grad_slots import weight_gradient
+from .grad_slots import gradient_slot, weight_gradient
 from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate, supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
-__all__ = ["joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
+__all__ = ["embedding", "joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
 
 
 def lean_forward_applies(backbone: torch.nn.Module) -> bool:
@@ -110,7 +110,7 @@ def lean_hidden(backbone: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
     """
     b, q_len = ids.shape
     packed = mask[:, -q_len:].reshape(-1).nonzero().squeeze(-1) if valid_only else None  # (M,) the valid positions
-    h = backbone.embed_tokens(ids if packed is None else ids.reshape(-1).index_select(0, packed))
+    h = embedding(backbone.embed_tokens, ids if packed is None else ids.reshape(-1).index_select(0, packed))
     attention = backbone.layers[0].self_attn
     d, scaling = attention.head_dim, attention.scaling
     heads, kv_heads = attention.config.num_attention_heads, attention.config.num_key_value_heads
@@ -172,6 +172,51 @@ def joined_linear(x: torch.Tensor, *layers: torch.nn.Linear, given: torch.Tensor
         return side_by_side(*layers)(x) if given is None else given
     biases = tuple(layer.bias for layer in layers)
     return _JoinedLinear.apply(x, len(layers), given, *(layer.weight for layer in layers), *biases)
+
+
+def embedding(module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """``module(ids)``: with gradients on a plain ``nn.Embedding`` (no ``max_norm``, ``scale_grad_by_freq`` or
+    ``sparse``), through :class:`_Embedding`, whose backward adds into the weight's gradient buffer where
+    :func:`~.grad_slots.gradients_into` names one; any other module is called as it is."""
+    weight = getattr(module, "weight", None)
+    if (type(module) is not torch.nn.Embedding or not torch.is_grad_enabled() or not weight.requires_grad
+            or module.max_norm is not None or module.scale_grad_by_freq or module.sparse):
+        return module(ids)
+    return _Embedding.apply(ids, weight, module.padding_idx)
+
+
+class _Embedding(torch.autograd.Function):
+    """``F.embedding(ids, weight, padding_idx)``. Its backward, inside :func:`~.grad_slots.gradients_into`, sums
+    the gradient of each distinct looked-up row (``index_add_`` in index order, as the dense backward adds them:
+    its rows to the bit) and adds those rows into the weight's buffer, the padding row left alone; autograd gets
+    nothing. So no dense ``(vocab, hidden)`` gradient is made, nor held until the embedding's other use
+    (:mod:`.grad_slots`), and the buffer receives each use's rows as one add, like the projections' gradients:
+    the same numbers to the bit on an update's first micro-batch. Outside it, autograd's own dense gradient."""
+
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None):
+        ctx.save_for_backward(ids, weight)
+        ctx.padding_idx = padding_idx
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ids, weight = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None, None
+        padding = -1 if ctx.padding_idx is None else ctx.padding_idx
+        slot = gradient_slot(weight)
+        if slot is None:
+            return None, torch.ops.aten.embedding_backward(grad, ids, weight.shape[0], padding, False, False), None
+        flat_ids, rows = ids.reshape(-1), grad.reshape(-1, grad.shape[-1])
+        if ctx.padding_idx is not None:
+            kept = flat_ids != padding
+            flat_ids, rows = flat_ids[kept], rows[kept]
+        # this use's gradient of each distinct row first (the dense backward's rows), then one add into the buffer
+        distinct, which = torch.unique(flat_ids, return_inverse=True)
+        sums = rows.new_zeros(distinct.shape[0], rows.shape[-1]).index_add_(0, which, rows)
+        slot.index_add_(0, distinct, sums.to(slot.dtype))
+        return None, None, None
 
 
 class _JoinedLinear(torch.autograd.Function):

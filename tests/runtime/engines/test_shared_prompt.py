@@ -142,11 +142,13 @@ def test_update_log_probs_and_values_equal_the_joined_rows(monkeypatch):
 def test_weight_gradients_go_into_the_buffers_as_computed_with_the_numbers_autograd_sums():
     # each weight is used twice (responses, then prompts); autograd holds the responses' gradient until the prompts'
     # backward adds theirs, then adds the sum to .grad once. Inside gradients_into the lean backward adds each into
-    # the weight's buffer as it computes it (two adds): 0 + a + b is a + b to the bit
+    # the weight's buffer as it computes it (two adds): 0 + a + b is a + b to the bit. The embedding too: each use's
+    # rows summed as autograd's dense backward sums them, then added into the buffer's rows
     torch.manual_seed(0)
     model = make_tiny_model("qwen2", vocab_size=24, hidden=WIDTH, layers=2, heads=4, kv_heads=2).train()
     fields = [_group_batch()[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
     projections = {name for name, _ in model.named_parameters() if "proj.weight" in name}
+    direct_names = projections | {"model.embed_tokens.weight"}
     results = []
     for direct in (False, True):
         grads = {name: torch.zeros_like(p) for name, p in model.named_parameters()}
@@ -162,8 +164,9 @@ def test_weight_gradients_go_into_the_buffers_as_computed_with_the_numbers_autog
         results.append((grads, adds))
     (summed, autograd_adds), (direct, direct_adds) = results
     assert len(projections) == 14 and all(autograd_adds[name] == 1 for name in projections)
-    assert {n: direct_adds[n] for n in projections} == dict.fromkeys(projections, 2)  # both uses, each when computed
-    others = {name: adds for name, adds in autograd_adds.items() if name not in projections}
-    assert {name: direct_adds[name] for name in others} == others  # biases, norms, embeddings: autograd's one add
+    assert autograd_adds["model.embed_tokens.weight"] == 1
+    assert {n: direct_adds[n] for n in direct_names} == dict.fromkeys(direct_names, 2)  # both uses, each when computed
+    others = {name: adds for name, adds in autograd_adds.items() if name not in direct_names}
+    assert {name: direct_adds[name] for name in others} == others  # biases, norms: autograd's one add
     for name, grad in summed.items():
         assert torch.equal(direct[name], grad), name
