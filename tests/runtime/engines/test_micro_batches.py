@@ -9,7 +9,8 @@ from engine_testkit import tiny_model
 from test_packing import ragged_batch
 
 from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
-from hybridflow.runtime.engines.micro_batches import micro_batch_groups, restore_row_order, stand_in, width_bucket_groups
+from hybridflow.runtime.engines.micro_batches import (micro_batch_groups, packed_bucket_costs, restore_row_order, stand_in,
+                                                      width_bucket_groups)
 from hybridflow.runtime.engines.sequence import row_token_counts
 
 TERMS = [("ppo_clip", 1.0, {}), ("kl_loss", 0.1, {"kl_type": "low_var_kl"}), ("entropy_bonus", 0.01, {})]
@@ -112,6 +113,23 @@ def test_width_buckets_pick_the_cheapest_count_by_hand():
                                prompt_groups=groups_of_rows) == [list(range(8))]
     assert width_bucket_groups(prompt_mask, _widths_mask([]), forward_cost=10) == []
     assert width_bucket_groups(torch.ones(1, 2), _widths_mask([3]), forward_cost=10) == [[0]]
+
+
+def test_packed_width_buckets_price_attention_and_micro_batches_by_hand():
+    # the same widths, P = 2, every row its own prompt, a prompt position at 1 key position:
+    # k=1: 8*8*(2+8) + 16 = 656; k=2: 4*1*3 + 4*8*10 + 16 = 348 + F; k=4: 3*(2*1*3) + 2*8*10 + 16 = 194 + 3F;
+    # k=8: 6*3 + 2*80 + 16 = 194 + 7F
+    widths = [8, 1, 1, 1, 8, 1, 1, 1]
+    prompt_mask, mask = torch.ones(8, 2), _widths_mask(widths)
+    assert width_bucket_groups(prompt_mask, mask, forward_cost=100, prompt_position_cost=1) == [[1, 2, 3, 5],
+                                                                                                [6, 7, 0, 4]]
+    assert width_bucket_groups(prompt_mask, mask, forward_cost=50, prompt_position_cost=1) == [[1, 2], [3, 5], [6, 7],
+                                                                                               [0, 4]]
+    assert width_bucket_groups(prompt_mask, mask, forward_cost=400, prompt_position_cost=1) == [list(range(8))]
+    # counted in positions (padding priced as a valid position), one more micro-batch at 50 splits nothing: 80
+    assert width_bucket_groups(prompt_mask, mask, forward_cost=50) == [list(range(8))]
+    # 6,000 parameters, 2 layers of width 10: 20.5 * 6000 / 20 and 6000 / (6 * 20)
+    assert packed_bucket_costs(6000, 2, 10) == (pytest.approx(6150.0), pytest.approx(50.0))
 
 
 @pytest.mark.parametrize("skip", [True, False])
