@@ -19,7 +19,8 @@ same arithmetic on the model's own weights and submodules with none of that:
   (:func:`side_by_side`: one matmul on their concatenated weights when they are small, else each
   writing its columns, with no copy), the Llama rotary embedding on q and k together, a write into
   the buffers, scaled dot-product attention over them (grouped-query heads shared,
-  ``scale = head_dim^-0.5`` as the module has it), ``o_proj``, residual,
+  ``scale = head_dim^-0.5`` as the module has it; a step's on the CPU by two batched matmuls,
+  :meth:`LeanStepper._attend`, its mask made additive once a step for all layers), ``o_proj``, residual,
   ``post_attention_layernorm``, the gated MLP with ``gate/up_proj`` side by side (or as two
   products, :func:`_mlp`), residual;
   then the model's final ``norm`` and ``lm_head``. Each product whose weight holds at least
@@ -192,6 +193,8 @@ class LeanStepper:
         self.final_norm, self.lm_head = _norm(backbone.norm), product(model.lm_head, rows)
         weight = self.embed
         self.cast = weight.dtype != torch.float32  # RMSNorm computes in float32: no casts when the model runs in it
+        # a step's attention by two batched matmuls (:meth:`_attend`) where that was measured: float32 on the CPU
+        self.small_attention = weight.device.type == "cpu" and not self.cast
 
         mask = prompt_mask.bool()
         b, p = mask.shape
@@ -250,13 +253,33 @@ class LeanStepper:
                 kb[:, :, start:stop] = k[rows]
                 vb[:, :, start:stop] = v[rows]
                 keys, values = k, v
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.gqa)
+            if rows is None and self.small_attention:  # one query position a row, on the CPU
+                out = self._attend(q, keys, values, mask)
+            else:
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
+                                                     enable_gqa=self.gqa)
             attended = o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
             if put is not None:
                 put("o", attended, 0)
             h = h + attended
             h = h + mlp(rms_norm(h, *norm2, cast), put)
         return self.lm_head(rms_norm(h[:, -1], *self.final_norm, cast))
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """A step's attention ``softmax(q k^T * scale + bias) v`` as two batched matmuls: q ``(b, heads, 1, d)``,
+        keys and values ``(b, kv_heads, S, d)``, ``bias`` ``(b, 1, 1, S)`` (0 or -inf) -> ``(b, heads, 1, d)``.
+
+        The queries of the heads sharing a key/value head go together (``(group, d) @ (d, S)`` per row and kv head),
+        as ``enable_gqa`` pairs them. Each row's numbers come from its own matrices of the batch, so they do not
+        depend on the other rows (the compaction test compares to the bit). Measured on this project's AVX2 CPU
+        (one thread, the ~8M bench model's shapes: 8 heads, 4 kv heads, d = 32): 10-44% faster than
+        ``F.scaled_dot_product_attention``'s CPU flash kernel with a boolean mask at 28-64 rows and 12-40 keys,
+        even at 12 rows and 70 keys; ~3.5% of a decode call (8 x 8 rows, 64 new tokens)."""
+        b = q.shape[0]
+        scores = torch.matmul(q.view(b, self.kv_heads, self.heads // self.kv_heads, self.head_dim),
+                              keys.transpose(-1, -2))
+        probs = torch.add(bias, scores, alpha=self.scaling).softmax(-1)
+        return torch.matmul(probs, values).view(b, self.heads, 1, self.head_dim)
 
     def step(self, t: int, token: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
         """Feed ``token`` ``(B,)`` as step ``t``'s input (``alive``: rows attended from now on) -> logits ``(B, V)``.
@@ -271,7 +294,10 @@ class LeanStepper:
         slot = self.prompt_len + t
         self.valid[:, slot] = alive
         self.row_steps += token.shape[0]
-        logits = self._forward(token[:, None], self.valid[:, None, None, :slot + 1], self.cos[:, :, t:t + 1],
+        # the mask as the additive one attention makes of it, once a step for every layer
+        bias = self.embed.new_zeros(self.valid.shape[0], 1, 1, slot + 1).masked_fill_(
+            ~self.valid[:, None, None, :slot + 1], float("-inf"))
+        logits = self._forward(token[:, None], bias, self.cos[:, :, t:t + 1],
                                self.sin[:, :, t:t + 1], slot, slot + 1, None)
         if self.rows is None:
             self.out = logits
