@@ -112,7 +112,8 @@ class DecodeTape:
         """A step's output ``out`` ``(count, 1, w)`` of product ``name`` from tape row ``start`` (:meth:`begin`), into
         its columns from ``column`` (gate and up computed as two products write a block each)."""
         flat = out.reshape(-1, out.shape[-1])
-        self.layers[layer][name][start:start + flat.shape[0], column:column + flat.shape[-1]].copy_(flat)
+        rows = self.layers[layer][name].narrow(0, start, flat.shape[0])
+        (rows if column == 0 and flat.shape[-1] == rows.shape[-1] else rows.narrow(1, column, flat.shape[-1])).copy_(flat)
 
     def slots(self, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
         """The tape rows of ``rows`` at ``steps`` (equal shapes); -1 where a step did not compute the row."""
