@@ -6,15 +6,14 @@ A micro-batch is a list of row indices of the (mini-)batch:
 * token budget (``max_tokens_per_micro_batch``): rows grouped by real tokens
   (:func:`~hybridflow.runtime.token_partition.token_budget_groups`), so a micro-batch
   of short rows holds more of them than one of long rows;
-* width buckets (neither set, ``length_buckets``, updates only): the rows sorted by response
-  length and cut into the number of equal-count buckets (1, 2, 4 or 8) that costs least, each
-  bucket run at its own width (:func:`width_bucket_groups`). A batch padded to its longest response
-  spends most of its forward and backward on padding when lengths spread (geometric lengths
-  averaging half the limit: about half of the positions); the same gradient (a sum over the rows)
-  costs ``sum(rows_b x width_b)`` positions instead of ``rows x width``. Where the forward runs its
-  projections on the valid positions alone (the lean forward, :mod:`.lean_forward`), padding costs
-  only its share of attention, and one more micro-batch (its weights read again, its gradients added
-  into the buffers) weighs more against it (:func:`packed_bucket_costs`).
+* width buckets (neither set, ``length_buckets``, updates whose model runs its own forward; the lean
+  forward computes valid positions alone and groups attention by width itself, :mod:`.lean_forward`,
+  so it runs one micro-batch): the rows sorted by response
+  length and cut into the number of equal-count buckets (1, 2, 4 or 8) that computes the fewest
+  token positions, each bucket run at its own width (:func:`width_bucket_groups`). A batch padded to
+  its longest response spends most of its forward and backward on padding when lengths spread
+  (geometric lengths averaging half the limit: about half of the positions); the same gradient
+  (a sum over the rows) costs ``sum(rows_b x width_b)`` positions instead of ``rows x width``.
 
 Under FSDP every rank must run the same number of forwards (and backwards): a rank
 with fewer micro-batches than the busiest one splits its largest ones, and where it has
@@ -29,33 +28,10 @@ import torch
 from ..token_partition import token_budget_groups
 from .sequence import response_attention, row_token_counts
 
-__all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order", "width_bucket_groups", "BUCKET_COUNTS",
-           "MICRO_BATCH_WEIGHT", "packed_bucket_costs"]
+__all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order", "width_bucket_groups", "BUCKET_COUNTS"]
 
 BUCKET_COUNTS = (1, 2, 4, 8)
 """Bucket counts :func:`width_bucket_groups` chooses from."""
-
-MICRO_BATCH_WEIGHT = 20.5
-"""What one more micro-batch of a packed update costs, in key positions (one query position's attention over one
-key, in every layer) per parameter, times ``layers x hidden``: :func:`packed_bucket_costs`. Measured on the ~8M
-bench model (AMD EPYC Zen 2, one thread; GRPO, 8 prompts x 8, responses averaging 32 of 64 tokens, the decode's
-tape replayed): the update's CPU time over 6 batches at 1, 2, 4 and 8 buckets forced, two rounds, fitted as
-``t_batch + a x sum_b rows_b x width_b x (P + width_b) + c x buckets``: a = 1.12 us, c = 89 ms, c / a = 79k key
-positions = 20.5 x 7.9M / (8 x 256). The earlier count of positions (padding priced as a valid position, one more
-micro-batch at 128) chose 4 buckets for most of those batches, 7% slower than 2 (the fastest there; 1 bucket 1.7%
-and 8 buckets 30% slower than 2)."""
-
-
-def packed_bucket_costs(params: int, layers: int, hidden: int) -> tuple[float, float]:
-    """``(forward_cost, prompt_position_cost)`` of :func:`width_bucket_groups` for a packed forward, in key positions.
-
-    One more micro-batch reads every weight again and adds a gradient into every buffer: a cost that grows with
-    the parameters, ``MICRO_BATCH_WEIGHT x params / (layers x hidden)``. A prompt position computed once more (a
-    group split over two buckets) costs its projections, about ``params / (6 x layers x hidden)`` key positions
-    (one position's forward and backward are ``6 x params`` FLOP, a key position's ``12 x layers x hidden`` at
-    about half the products' rate: 643 on the ~8M bench model, where the fit above gave ~630)."""
-    unit = max(layers * hidden, 1)
-    return MICRO_BATCH_WEIGHT * params / unit, params / (6 * unit)
 
 
 def micro_batch_groups(tensors: dict[str, torch.Tensor], *, micro_batch_size: int | None,
@@ -73,8 +49,7 @@ def micro_batch_groups(tensors: dict[str, torch.Tensor], *, micro_batch_size: in
 
 
 def width_bucket_groups(prompt_mask: torch.Tensor, response_mask: torch.Tensor, *, forward_cost: float,
-                        prompt_groups: torch.Tensor | None = None,
-                        prompt_position_cost: float | None = None) -> list[list[int]]:
+                        prompt_groups: torch.Tensor | None = None) -> list[list[int]]:
     """Rows sorted by response width and cut into the bucket count of :data:`BUCKET_COUNTS` that costs least.
 
     A row's width is its response up to the last valid position; a bucket runs at its longest
@@ -82,11 +57,8 @@ def width_bucket_groups(prompt_mask: torch.Tensor, response_mask: torch.Tensor, 
     ``sum_b prompts_b x P`` (``prompts_b``: the distinct prompts of bucket ``b`` when ``prompt_groups``
     gives each row's prompt, as the shared-prompt forward runs each once; else its rows) +
     ``(k - 1) x forward_cost`` (what one more forward and backward costs beyond its positions).
-    With ``prompt_position_cost`` (a forward that computes the valid positions alone, whose cost no bucketing
-    changes: :func:`packed_bucket_costs`), in key positions: the attention of each bucket's query positions over
-    its keys, ``sum_b rows_b x width_b x (P + width_b)``, + ``sum_b prompts_b x P x prompt_position_cost`` +
-    ``(k - 1) x forward_cost``. Ties keep fewer buckets. Returns the buckets' row indices, shortest rows first
-    (one bucket of all rows in their order when one is cheapest).
+    Ties keep fewer buckets. Returns the buckets' row indices, shortest rows first (one bucket of
+    all rows in their order when one is cheapest).
     """
     rows = response_mask.shape[0]
     if rows < 2:
@@ -103,11 +75,7 @@ def width_bucket_groups(prompt_mask: torch.Tensor, response_mask: torch.Tensor, 
         bounds = [round(i * rows / k) for i in range(k + 1)]
         cost = (k - 1) * forward_cost
         for lo, hi in zip(bounds, bounds[1:]):
-            width, prompts = sorted_widths[hi - 1], len(set(group_of[lo:hi]))
-            if prompt_position_cost is None:
-                cost += (hi - lo) * width + prompts * prompt_len
-            else:
-                cost += (hi - lo) * width * (prompt_len + width) + prompts * prompt_len * prompt_position_cost
+            cost += (hi - lo) * sorted_widths[hi - 1] + len(set(group_of[lo:hi])) * prompt_len
         if best_cost is None or cost < best_cost:
             best_cost = cost
             best = [order[lo:hi].tolist() for lo, hi in zip(bounds, bounds[1:])]

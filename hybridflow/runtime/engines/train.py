@@ -44,8 +44,7 @@ from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
 from .lean_forward import lean_forward_applies
-from .micro_batches import (micro_batch_groups, packed_bucket_costs, restore_row_order, stand_in, take_rows,
-                            width_bucket_groups)
+from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows, width_bucket_groups
 from .shared_prompt import min_saved_positions, prompt_groups
 from .sequence import trim_response_width
 from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
@@ -406,24 +405,22 @@ class TrainEngine:
         return parts, groups
 
     def _width_buckets(self, tensors: dict[str, torch.Tensor]) -> list[list[int]]:
-        """:func:`.micro_batches.width_bucket_groups` with this module's costs. Where the lean forward runs (it
-        computes the valid positions alone): :func:`.micro_batches.packed_bucket_costs` of its parameters. Else,
-        in positions, one more forward and backward at twice the shared-prompt forward's break-even positions at
-        its width (the second backbone call that sharing costs, measured in :mod:`hybridflow.capabilities`)."""
-        config = getattr(self.module, "config", None)
-        hidden = getattr(config, "hidden_size", None)
-        groups = prompt_groups(tensors["prompt_ids"], tensors["prompt_mask"])
-        groups = groups[1] if groups is not None else None
+        """:func:`.micro_batches.width_bucket_groups` with this module's cost of one more forward and backward:
+        twice the shared-prompt forward's break-even positions at its width (the second backbone call
+        that sharing costs, measured in :mod:`hybridflow.capabilities`), forward and backward.
+
+        One bucket where the lean forward runs (:func:`.lean_forward.lean_forward_applies`): it computes the valid
+        positions alone and its attention in groups of rows of like widths, so more micro-batches would save
+        nothing they cost (each reads every weight again and adds into every gradient buffer)."""
         backbone = getattr(self.module, "base_model", None)
-        layers = getattr(config, "num_hidden_layers", None)
-        if backbone is not None and backbone is not self.module and hidden and layers and lean_forward_applies(backbone):
-            # the lean forward computes the valid positions alone: padding costs attention only
-            forward_cost, prompt_cost = packed_bucket_costs(sum(p.numel() for p in self.module.parameters()),
-                                                            layers, hidden)
-            return width_bucket_groups(tensors["prompt_mask"], tensors["response_mask"], forward_cost=forward_cost,
-                                       prompt_groups=groups, prompt_position_cost=prompt_cost)
+        if backbone is not None and backbone is not self.module and lean_forward_applies(backbone):
+            rows = tensors["response_mask"].shape[0]
+            return [list(range(rows))] if rows else []
+        hidden = getattr(getattr(self.module, "config", None), "hidden_size", None)
+        groups = prompt_groups(tensors["prompt_ids"], tensors["prompt_mask"])
         return width_bucket_groups(tensors["prompt_mask"], tensors["response_mask"],
-                                   forward_cost=2 * min_saved_positions(hidden), prompt_groups=groups)
+                                   forward_cost=2 * min_saved_positions(hidden),
+                                   prompt_groups=groups[1] if groups is not None else None)
 
     def _agree_micro_batch_count(self, count: int) -> int:
         """The number of micro-batches every rank runs, given this one's ``count``: ``count`` here (one process)."""

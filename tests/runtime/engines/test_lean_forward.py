@@ -52,9 +52,11 @@ def _assert_same(result, reference) -> None:
 @pytest.mark.parametrize("arch, kv_heads", [("qwen2", 2), ("llama", 4), ("llama", 2)])
 @pytest.mark.parametrize("width", [1, 5])
 @pytest.mark.parametrize("pack_min", [1 << 17, 0], ids=["mkl", "onednn"])
+@pytest.mark.parametrize("group_cost", [lean_forward.GROUP_COST, 0], ids=["groups-by-cost", "most-groups"])
 def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(arch, kv_heads, width, pack_min,
-                                                                              monkeypatch):
+                                                                              group_cost, monkeypatch):
     monkeypatch.setattr(lean_decode, "PACK_MIN", pack_min)  # 0: every product on oneDNN (lean_decode.dense)
+    monkeypatch.setattr(lean_forward, "GROUP_COST", group_cost)  # 0: attention in up to 8 groups of rows
     torch.manual_seed(0)
     model = make_tiny_model(arch, vocab_size=24, hidden=32, layers=2, heads=4, kv_heads=kv_heads).train()
     batch = _batch(width)
@@ -70,6 +72,24 @@ def test_joined_and_shared_states_and_gradients_equal_the_transformers_forward(a
     _assert_same(shared, reference)
     # the embedding's padding row gets no gradient, as nn.Embedding's padding_idx has it
     assert float(shared[1]["model.embed_tokens.weight"][model.config.pad_token_id].abs().max()) == 0.0
+
+
+def test_attention_groups_cut_rows_sorted_by_width_by_hand(monkeypatch):
+    # rows of widths 4, 1, 1, 4 (Q = 4) after 2 cached keys: one group computes 4 x 4 x (2 + 4) = 96 key positions;
+    # two, rows 1-2 at width 1 and rows 0, 3 at width 4: 2 x 1 x 3 + 2 x 4 x 6 = 54; four: 54 as well (a tie
+    # keeps fewer groups)
+    valid = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    packed = valid.reshape(-1).nonzero().squeeze(-1)
+    allowed = torch.ones(4, 1, 4, 6, dtype=torch.bool)
+    monkeypatch.setattr(lean_forward, "GROUP_COST", 0)
+    layout = lean_forward._AttentionGroups(valid, packed, allowed, past=2)
+    assert [(rows.tolist(), width, start, tuple(mask.shape)) for rows, width, start, mask in layout.groups] == [
+        ([1, 2], 1, 0, (2, 1, 1, 3)), ([0, 3], 4, 2, (2, 1, 4, 6))]
+    # the packed positions (row 0's four, row 1's, row 2's, row 3's four) in the joined layout of 2 + 8 rows
+    assert layout.total == 10 and layout.dest.tolist() == [2, 3, 4, 5, 0, 1, 6, 7, 8, 9]
+    monkeypatch.setattr(lean_forward, "GROUP_COST", 100)  # 196 against 254: one group
+    assert [rows.tolist() for rows, *_ in lean_forward._AttentionGroups(valid, packed, allowed, past=2).groups] == [
+        [1, 2, 0, 3]]
 
 
 def _outputs_and_gradients(forward, *, leaves: list[torch.Tensor], upstream: torch.Tensor) -> list[torch.Tensor]:

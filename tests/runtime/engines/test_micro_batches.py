@@ -9,8 +9,7 @@ from engine_testkit import tiny_model
 from test_packing import ragged_batch
 
 from hybridflow.runtime.engines import TrainEngine, TrainEngineConfig
-from hybridflow.runtime.engines.micro_batches import (micro_batch_groups, packed_bucket_costs, restore_row_order, stand_in,
-                                                      width_bucket_groups)
+from hybridflow.runtime.engines.micro_batches import micro_batch_groups, restore_row_order, stand_in, width_bucket_groups
 from hybridflow.runtime.engines.sequence import row_token_counts
 
 TERMS = [("ppo_clip", 1.0, {}), ("kl_loss", 0.1, {"kl_type": "low_var_kl"}), ("entropy_bonus", 0.01, {})]
@@ -115,27 +114,15 @@ def test_width_buckets_pick_the_cheapest_count_by_hand():
     assert width_bucket_groups(torch.ones(1, 2), _widths_mask([3]), forward_cost=10) == [[0]]
 
 
-def test_packed_width_buckets_price_attention_and_micro_batches_by_hand():
-    # the same widths, P = 2, every row its own prompt, a prompt position at 1 key position:
-    # k=1: 8*8*(2+8) + 16 = 656; k=2: 4*1*3 + 4*8*10 + 16 = 348 + F; k=4: 3*(2*1*3) + 2*8*10 + 16 = 194 + 3F;
-    # k=8: 6*3 + 2*80 + 16 = 194 + 7F
-    widths = [8, 1, 1, 1, 8, 1, 1, 1]
-    prompt_mask, mask = torch.ones(8, 2), _widths_mask(widths)
-    assert width_bucket_groups(prompt_mask, mask, forward_cost=100, prompt_position_cost=1) == [[1, 2, 3, 5],
-                                                                                                [6, 7, 0, 4]]
-    assert width_bucket_groups(prompt_mask, mask, forward_cost=50, prompt_position_cost=1) == [[1, 2], [3, 5], [6, 7],
-                                                                                               [0, 4]]
-    assert width_bucket_groups(prompt_mask, mask, forward_cost=400, prompt_position_cost=1) == [list(range(8))]
-    # counted in positions (padding priced as a valid position), one more micro-batch at 50 splits nothing: 80
-    assert width_bucket_groups(prompt_mask, mask, forward_cost=50) == [list(range(8))]
-    # 6,000 parameters, 2 layers of width 10: 20.5 * 6000 / 20 and 6000 / (6 * 20)
-    assert packed_bucket_costs(6000, 2, 10) == (pytest.approx(6150.0), pytest.approx(50.0))
-
-
 @pytest.mark.parametrize("skip", [True, False])
 def test_width_buckets_give_the_one_micro_batch_step(tokenizer, skip):
-    """Spread lengths: the update runs several buckets, each at its own width, and takes the same step."""
+    """Spread lengths: the update runs several buckets, each at its own width, and takes the same step.
+
+    Buckets apply where the model's own forward runs (here: a forward hook keeps the lean forward off); the lean
+    forward computes valid positions alone and groups attention by width itself, so it runs one bucket."""
     model = tiny_model(tokenizer, arch="qwen2")
+    lean_engine = TrainEngine(copy.deepcopy(model), TrainEngineConfig(precision="fp32"))
+    model.model.layers[0].register_forward_hook(lambda module, args, out: None)  # the model's forward: exact only
     gen = torch.Generator().manual_seed(5)
     rows, limit = 64, 48
     # 48 short responses and 16 long ones, shuffled: one bucket computes 64 x 48 response positions,
@@ -149,6 +136,7 @@ def test_width_buckets_give_the_one_micro_batch_step(tokenizer, skip):
              "advantages": torch.randn(rows, limit, generator=gen) * (torch.arange(rows) % 3 != 0)[:, None],
              "old_log_probs": -2.0 - 0.05 * torch.rand(rows, limit, generator=gen)}
     results = {}
+    assert len(lean_engine.micro_batches(batch, buckets=True)[1]) == 1
     for buckets in (False, True):
         config = TrainEngineConfig(lr=1.0, eps=1.0, weight_decay=0.0, max_grad_norm=None, precision="fp32",
                                    length_buckets=buckets, skip_vanishing_rows=skip)
