@@ -232,10 +232,12 @@ class _AttentionGroups:
         joined_qk = qk.new_zeros(self.total, *qk.shape[1:]).index_copy_(0, self.dest, qk)
         joined_v = v.new_zeros(self.total, *v.shape[1:]).index_copy_(0, self.dest, v)
         outs = []
-        for rows, width, start, allowed in self.groups:
-            part = slice(start, start + rows.shape[0] * width)
-            q, k = joined_qk[part].view(-1, width, heads + kv_heads, d).transpose(1, 2).split([heads, kv_heads], dim=1)
-            values = joined_v[part].view(-1, width, kv_heads, d).transpose(1, 2)
+        # split, not slices: the backward joins the parts' gradients, where each slice's would zero a full-size one
+        sizes = [rows.shape[0] * width for rows, width, _, _ in self.groups]
+        for (rows, width, _, allowed), part_qk, part_v in zip(self.groups, joined_qk.split(sizes),
+                                                               joined_v.split(sizes)):
+            q, k = part_qk.view(-1, width, heads + kv_heads, d).transpose(1, 2).split([heads, kv_heads], dim=1)
+            values = part_v.view(-1, width, kv_heads, d).transpose(1, 2)
             if cache is not None:
                 k = torch.cat([cache[0].index_select(0, rows), k], dim=2)
                 values = torch.cat([cache[1].index_select(0, rows), values], dim=2)
