@@ -32,7 +32,7 @@ on the ~8M bench model (AVX2, one thread, 6 GRPO batches of 8 x 8 rows, response
 tokens, two rounds) the updates took 8.56-8.87 CPU s in one micro-batch with grouped attention, 9.04-9.30 in
 two buckets, and before the grouping 9.50-9.73 in two buckets (then the fastest count).
 
-It applies where :func:`~.lean_decode.supports_lean_backbone` holds (the architectures and
+It applies where :func:`~.lean_support.supports_lean_backbone` holds (the architectures and
 settings the lean decode drives, no hooks), outside autocast (the model's own forward decides the casts
 there), with no dropout active, and without gradient checkpointing; elsewhere
 :func:`lean_forward_applies` is False and the callers run the model's forward.
@@ -46,7 +46,8 @@ from hybridflow.errors import ExecutionError
 
 from .decode_tape import COUNTS, DecodeTape
 from .grad_slots import gradient_slot, weight_gradient
-from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate, supports_lean_backbone
+from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate
+from .lean_support import supports_lean_backbone
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["embedding", "joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
