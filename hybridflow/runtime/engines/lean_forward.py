@@ -48,6 +48,7 @@ from .decode_tape import COUNTS, DecodeTape
 from .grad_slots import gradient_slot, weight_gradient
 from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate
 from .lean_support import supports_lean_backbone
+from .micro_batches import cheapest_equal_cut
 from .sequence import position_ids_from_mask, response_attention
 
 __all__ = ["embedding", "joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
@@ -199,15 +200,8 @@ class _AttentionGroups:
         widths = (valid * columns).amax(-1)  # last valid column + 1, 0 for none
         order = torch.sort(widths, stable=True).indices
         sorted_widths = widths[order].tolist()
-        best, best_cost = [0, b], None  # no rows (b = 0): no group
-        for count in (1, 2, 4, 8):
-            if count > b:
-                break
-            bounds = [round(i * b / count) for i in range(count + 1)]
-            cost = count * GROUP_COST + sum((hi - lo) * sorted_widths[hi - 1] * (past + sorted_widths[hi - 1])
-                                            for lo, hi in zip(bounds, bounds[1:]))
-            if best_cost is None or cost < best_cost:
-                best, best_cost = bounds, cost
+        best = cheapest_equal_cut(b, (1, 2, 4, 8), lambda bounds: (len(bounds) - 1) * GROUP_COST + sum(
+            (hi - lo) * sorted_widths[hi - 1] * (past + sorted_widths[hi - 1]) for lo, hi in zip(bounds, bounds[1:])))
         # each group: its rows, width, first row in the joined layout, and its part of the mask
         self.groups, start = [], 0
         where = torch.full((b, q_len), -1, dtype=torch.long, device=valid.device)  # flat -> row of the joined layout

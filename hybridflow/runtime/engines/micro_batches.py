@@ -28,7 +28,8 @@ import torch
 from ..token_partition import token_budget_groups
 from .sequence import response_attention, row_token_counts
 
-__all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order", "width_bucket_groups", "BUCKET_COUNTS"]
+__all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order", "width_bucket_groups", "BUCKET_COUNTS",
+           "cheapest_equal_cut"]
 
 BUCKET_COUNTS = (1, 2, 4, 8)
 """Bucket counts :func:`width_bucket_groups` chooses from."""
@@ -68,19 +69,29 @@ def width_bucket_groups(prompt_mask: torch.Tensor, response_mask: torch.Tensor, 
     sorted_widths = widths[order].tolist()
     group_of = (prompt_groups[order] if prompt_groups is not None else order).tolist()
     prompt_len = prompt_mask.shape[-1]
-    best, best_cost = [order.tolist()], None
-    for k in BUCKET_COUNTS:
+
+    def cost(bounds: list[int]) -> float:
+        return (len(bounds) - 2) * forward_cost + sum(
+            (hi - lo) * sorted_widths[hi - 1] + len(set(group_of[lo:hi])) * prompt_len
+            for lo, hi in zip(bounds, bounds[1:]))
+
+    bounds = cheapest_equal_cut(rows, BUCKET_COUNTS, cost)
+    if len(bounds) == 2:
+        return [list(range(rows))]
+    return [order[lo:hi].tolist() for lo, hi in zip(bounds, bounds[1:])]
+
+
+def cheapest_equal_cut(rows: int, counts, cost) -> list[int]:
+    """The bounds ``[0, ..., rows]`` of the cut of ``rows`` sorted rows into ``k`` parts of equal row counts (``k`` in
+    ``counts``, ascending, at most ``rows``) whose ``cost(bounds)`` is least; ties keep fewer parts."""
+    best, best_cost = [0, rows], None
+    for k in counts:
         if k > rows:
             break
         bounds = [round(i * rows / k) for i in range(k + 1)]
-        cost = (k - 1) * forward_cost
-        for lo, hi in zip(bounds, bounds[1:]):
-            cost += (hi - lo) * sorted_widths[hi - 1] + len(set(group_of[lo:hi])) * prompt_len
-        if best_cost is None or cost < best_cost:
-            best_cost = cost
-            best = [order[lo:hi].tolist() for lo, hi in zip(bounds, bounds[1:])]
-    if len(best) == 1:
-        return [list(range(rows))]
+        value = cost(bounds)
+        if best_cost is None or value < best_cost:
+            best, best_cost = bounds, value
     return best
 
 
