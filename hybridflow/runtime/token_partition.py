@@ -15,12 +15,15 @@ they are the same on every rank and easy to test exhaustively:
   rows in the opposite order of the shares' totals, so the spread (largest total minus
   smallest) never exceeds ``max(spread before, the round's longest row)``: it is at most
   the longest row's length.
+* :func:`cheapest_equal_cut` — rows already sorted, cut into one of a few numbers of equal-count parts,
+  whichever a caller's cost says (width buckets, :mod:`.engines.micro_batches`; attention groups,
+  :mod:`.engines.lean_forward`).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["token_budget_groups", "split_groups", "balanced_partition"]
+__all__ = ["token_budget_groups", "split_groups", "balanced_partition", "cheapest_equal_cut"]
 
 
 def _longest_first(lengths: Sequence[int]) -> list[int]:
@@ -82,3 +85,17 @@ def balanced_partition(lengths: Sequence[int], parts: int) -> list[list[int]]:
             shares[share].append(row)
             totals[share] += lengths[row]
     return [sorted(s) for s in shares]
+
+
+def cheapest_equal_cut(rows: int, counts: Sequence[int], cost) -> list[int]:
+    """The bounds ``[0, ..., rows]`` of the cut of ``rows`` sorted rows into ``k`` parts of equal row counts (``k`` in
+    ``counts``, ascending, at most ``rows``) whose ``cost(bounds)`` is least; ties keep fewer parts."""
+    best, best_cost = [0, rows], None
+    for k in counts:
+        if k > rows:
+            break
+        bounds = [round(i * rows / k) for i in range(k + 1)]
+        value = cost(bounds)
+        if best_cost is None or value < best_cost:
+            best, best_cost = bounds, value
+    return best

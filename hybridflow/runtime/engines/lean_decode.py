@@ -221,7 +221,7 @@ class LeanStepper:
         depend on the other rows (the compaction test compares to the bit). Measured on this project's AVX2 CPU
         (one thread, the ~8M bench model's shapes: 8 heads, 4 kv heads, d = 32): 10-44% faster than
         ``F.scaled_dot_product_attention``'s CPU flash kernel with a boolean mask at 28-64 rows and 12-40 keys,
-        even at 12 rows and 70 keys; ~3.5% of a decode call (8 x 8 rows, 64 new tokens)."""
+        even at 12 rows and 70 keys; 2-3.5% of a decode call (8 x 8 rows, 64 new tokens)."""
         b = q.shape[0]
         scores = torch.matmul(q.view(b, self.kv_heads, self.heads // self.kv_heads, self.head_dim),
                               keys.transpose(-1, -2))

@@ -48,8 +48,8 @@ from .decode_tape import COUNTS, DecodeTape
 from .grad_slots import gradient_slot, weight_gradient
 from .lean_decode import JOIN_LIMIT, dense, linear_into, side_by_side, rms_norm, rotary_tables, rotate
 from .lean_support import supports_lean_backbone
-from .micro_batches import cheapest_equal_cut
 from .sequence import position_ids_from_mask, response_attention
+from ..token_partition import cheapest_equal_cut
 
 __all__ = ["embedding", "joined_linear", "lean_forward_applies", "lean_hidden", "lean_shared_hidden"]
 

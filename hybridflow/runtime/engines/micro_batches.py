@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import torch
 
-from ..token_partition import token_budget_groups
+from ..token_partition import cheapest_equal_cut, token_budget_groups
+from .lean_forward import lean_forward_applies
+from .shared_prompt import min_saved_positions, prompt_groups
 from .sequence import response_attention, row_token_counts
 
 __all__ = ["micro_batch_groups", "take_rows", "stand_in", "restore_row_order", "width_bucket_groups", "BUCKET_COUNTS",
-           "cheapest_equal_cut"]
+           "update_buckets"]
 
 BUCKET_COUNTS = (1, 2, 4, 8)
 """Bucket counts :func:`width_bucket_groups` chooses from."""
@@ -81,18 +83,23 @@ def width_bucket_groups(prompt_mask: torch.Tensor, response_mask: torch.Tensor, 
     return [order[lo:hi].tolist() for lo, hi in zip(bounds, bounds[1:])]
 
 
-def cheapest_equal_cut(rows: int, counts, cost) -> list[int]:
-    """The bounds ``[0, ..., rows]`` of the cut of ``rows`` sorted rows into ``k`` parts of equal row counts (``k`` in
-    ``counts``, ascending, at most ``rows``) whose ``cost(bounds)`` is least; ties keep fewer parts."""
-    best, best_cost = [0, rows], None
-    for k in counts:
-        if k > rows:
-            break
-        bounds = [round(i * rows / k) for i in range(k + 1)]
-        value = cost(bounds)
-        if best_cost is None or value < best_cost:
-            best, best_cost = bounds, value
-    return best
+def update_buckets(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[list[int]]:
+    """An update's width buckets for ``module``: :func:`width_bucket_groups` with one more forward and backward
+    costed at twice the shared-prompt forward's break-even positions at its width (the second backbone call that
+    sharing costs, measured in :mod:`hybridflow.capabilities`).
+
+    One bucket where the lean forward runs (:func:`.lean_forward.lean_forward_applies`): it computes the valid
+    positions alone and its attention in groups of rows of like widths, so more micro-batches would save nothing
+    they cost (each reads every weight again and adds into every gradient buffer)."""
+    backbone = getattr(module, "base_model", None)
+    if backbone is not None and backbone is not module and lean_forward_applies(backbone):
+        rows = tensors["response_mask"].shape[0]
+        return [list(range(rows))] if rows else []
+    hidden = getattr(getattr(module, "config", None), "hidden_size", None)
+    groups = prompt_groups(tensors["prompt_ids"], tensors["prompt_mask"])
+    return width_bucket_groups(tensors["prompt_mask"], tensors["response_mask"],
+                               forward_cost=2 * min_saved_positions(hidden),
+                               prompt_groups=groups[1] if groups is not None else None)
 
 
 def take_rows(tensors: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:

@@ -43,9 +43,7 @@ from .grad_slots import flat_gradient_slots, gradients_into
 from .loss_terms import LossTerm, MetricMeans, ResolvedTerm, resolve_loss_terms
 from .lm_logprobs import response_log_probs
 from .lora import adapter_state, apply_lora, is_lora, load_adapter_state
-from .lean_forward import lean_forward_applies
-from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows, width_bucket_groups
-from .shared_prompt import min_saved_positions, prompt_groups
+from .micro_batches import micro_batch_groups, restore_row_order, stand_in, take_rows, update_buckets
 from .sequence import trim_response_width
 from .optim import TrainEngineConfig, TrainingStepSchedule, build_optimizer
 from ..token_partition import split_groups
@@ -387,12 +385,12 @@ class TrainEngine:
         As many micro-batches as :meth:`_agree_micro_batch_count` says: more rows split, then stand-ins
         (made from ``stand_ins_from``, default ``tensors``) after the real ones; their rows are not in
         the returned groups. ``buckets`` (updates): width buckets where the config sets no micro-batch
-        size or token budget and ``length_buckets`` is on (:func:`.micro_batches.width_bucket_groups`).
+        size or token budget and ``length_buckets`` is on (:func:`.micro_batches.update_buckets`).
         """
         config = self.config
         if buckets and config.length_buckets and config.micro_batch_size is None and \
                 config.max_tokens_per_micro_batch is None and not config.pack_sequences:
-            groups = self._width_buckets(tensors)
+            groups = update_buckets(self.module, tensors)
         else:
             groups = micro_batch_groups(tensors, micro_batch_size=config.micro_batch_size,
                                         max_tokens=config.max_tokens_per_micro_batch)
@@ -403,24 +401,6 @@ class TrainEngine:
         source = tensors if stand_ins_from is None else stand_ins_from
         parts += [stand_in(source) for _ in range(count - len(groups))]
         return parts, groups
-
-    def _width_buckets(self, tensors: dict[str, torch.Tensor]) -> list[list[int]]:
-        """:func:`.micro_batches.width_bucket_groups` with this module's cost of one more forward and backward:
-        twice the shared-prompt forward's break-even positions at its width (the second backbone call
-        that sharing costs, measured in :mod:`hybridflow.capabilities`), forward and backward.
-
-        One bucket where the lean forward runs (:func:`.lean_forward.lean_forward_applies`): it computes the valid
-        positions alone and its attention in groups of rows of like widths, so more micro-batches would save
-        nothing they cost (each reads every weight again and adds into every gradient buffer)."""
-        backbone = getattr(self.module, "base_model", None)
-        if backbone is not None and backbone is not self.module and lean_forward_applies(backbone):
-            rows = tensors["response_mask"].shape[0]
-            return [list(range(rows))] if rows else []
-        hidden = getattr(getattr(self.module, "config", None), "hidden_size", None)
-        groups = prompt_groups(tensors["prompt_ids"], tensors["prompt_mask"])
-        return width_bucket_groups(tensors["prompt_mask"], tensors["response_mask"],
-                                   forward_cost=2 * min_saved_positions(hidden),
-                                   prompt_groups=groups[1] if groups is not None else None)
 
     def _agree_micro_batch_count(self, count: int) -> int:
         """The number of micro-batches every rank runs, given this one's ``count``: ``count`` here (one process)."""
