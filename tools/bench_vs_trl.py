@@ -348,6 +348,9 @@ def speed(args) -> dict:
     steps, dropped = undisturbed(rounds, args.threads)
     result = speed_figures(steps, args.prompts * args.group)
     add_arithmetic(result, model_dir, args)
+    for side, (_, runner, variant, _) in sides.items():  # hybridflow sides with zero-advantage row skipping on
+        result[side]["skips_rows"] = runner == "hybridflow_runner.py" and variant.get("train", {}).get(
+            "skip_vanishing_rows", True) is not False
     for side in sides:
         result[side].update(peak_rss_mb=rss[side], cpu_s_per_round=[c for c, _ in per_round[side]],
                             load_per_round=[l for _, l in per_round[side]], disturbed_rounds=dropped[side],

@@ -96,3 +96,17 @@ def test_flop_counts_by_hand():
     expected = 2 * 4 * (2000 + 64 * 2) + 2 * 3 * 6 * (2000 + 64 * 7)
     assert shape.generation(2, 3, 4, 6.0) == expected
     assert shape.update(2, 3, 4, 6.0) == 3 * expected
+
+
+def test_a_side_that_skips_rows_gets_no_update_flops(bench, capsys):
+    # the counted update FLOPs are the full update's: a side skipping zero-advantage rows computed fewer
+    result = {"skipping": {"gen_cpu_s": 1.0, "gen_gflops": 20.0, "update_cpu_s": 0.5, "update_gflops": 40.0,
+                           "skips_rows": True},
+              "full": {"gen_cpu_s": 1.0, "gen_gflops": 20.0, "update_cpu_s": 0.5, "update_gflops": 40.0,
+                       "skips_rows": False}}
+    bench.print_arithmetic(result, 80.0)
+    lines = capsys.readouterr().out.splitlines()
+    skipping = next(l for l in lines if l.strip().startswith("skipping"))
+    full = next(l for l in lines if l.strip().startswith("full"))
+    assert skipping.split()[-2:] == ["rows", "skipped"] and "40.00" not in skipping
+    assert full.split()[-2:] == ["40.00", "50.0%"]

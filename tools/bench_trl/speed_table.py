@@ -67,9 +67,9 @@ def print_arithmetic(result: dict[str, dict], peak_gflops: float) -> None:
     print(f"  {'':18}{'gen CPU s':>10}{'GFLOP/s':>9}{'of peak':>9}{'update CPU s':>14}{'GFLOP/s':>9}{'of peak':>9}")
     for side, r in result.items():
         if "gen_gflops" in r:
-            # above the peak: the side did not compute the update's counted FLOPs (row skipping dropped them)
+            # a side that skips zero-advantage rows did not compute the update's counted FLOPs: no figure
             update = (f"{r['update_gflops']:9.2f}{r['update_gflops'] / peak_gflops:9.1%}"
-                      if r["update_gflops"] <= peak_gflops else f"{'skipped':>18}")
+                      if r["update_gflops"] <= peak_gflops and not r.get("skips_rows") else f"{'rows skipped':>18}")
             print(f"  {side:18}{r['gen_cpu_s']:10.3f}{r['gen_gflops']:9.2f}{r['gen_gflops'] / peak_gflops:9.1%}"
                   f"{r['update_cpu_s']:14.3f}" + update)
 
