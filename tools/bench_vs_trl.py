@@ -101,9 +101,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNERS = Path(__file__).resolve().parent / "bench_trl"
 sys.path.insert(0, str(RUNNERS))
 from common import RunConfig  # noqa: E402
-from flops import ModelShape, matmul_peak  # noqa: E402
+from flops import matmul_peak  # noqa: E402
 from parity import compare_streams, print_comparison  # noqa: E402
-from speed_table import print_arithmetic, print_speed, speed_figures, undisturbed, wall_over_cpu  # noqa: E402
+from speed_table import (add_arithmetic, print_arithmetic, print_speed, speed_figures, undisturbed,  # noqa: E402
+                         wall_over_cpu)
 from trl_venv import TRL_VENV, TRL_VERSION, ensure_trl_venv, missing_trl  # noqa: E402
 
 
@@ -347,7 +348,7 @@ def speed(args) -> dict:
                 rss[side] = max(rss[side], record["peak_rss_mb"])
     steps, dropped = undisturbed(rounds, args.threads)
     result = speed_figures(steps, args.prompts * args.group)
-    add_arithmetic(result, model_dir, args)
+    add_arithmetic(result, model_dir, (args.prompts, args.group))
     for side, (_, runner, variant, _) in sides.items():  # hybridflow sides with zero-advantage row skipping on
         result[side]["skips_rows"] = runner == "hybridflow_runner.py" and variant.get("train", {}).get(
             "skip_vanishing_rows", True) is not False
@@ -370,24 +371,6 @@ def speed(args) -> dict:
         json.dumps({"settings": vars(args), "trl_version": TRL_VERSION, "matmul_peak_gflops": peak, "result": result,
                     "step_records": rounds}, indent=1))
     return result
-
-
-def add_arithmetic(result: dict[str, dict], model_dir: Path, args) -> None:
-    """Each side's achieved GFLOP/s of generation and of the rest of the step (tools/bench_trl/flops.py counts)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from common import load_tokenizer
-
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))  # only its shape is read
-    shape = ModelShape.of(model)
-    prompt_len = len(load_tokenizer(model_dir)("3+4=")["input_ids"])
-    for r in result.values():
-        if "gen_cpu_s" not in r:
-            continue
-        work = (args.prompts, args.group, prompt_len, r["response_length"])
-        r.update(gen_gflops=shape.generation(*work) / r["gen_cpu_s"] / 1e9,
-                 update_gflops=shape.update(*work) / max(r["update_cpu_s"], 1e-9) / 1e9)
-
 
 
 # ----------------------------------------------------------------------------- replay mode

@@ -1,7 +1,11 @@
-"""The speed mode's table: per side, medians of the step records and the ratios to TRL (tools/bench_vs_trl.py speed)."""
+"""The speed mode's tables (tools/bench_vs_trl.py speed): per side, medians of the step records, the ratios to
+TRL and the achieved GFLOP/s."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
+
+from flops import ModelShape
 
 
 LENGTH_TOLERANCE = 0.05
@@ -58,6 +62,24 @@ def print_speed(result: dict[str, dict]) -> None:
     if any(r.get("same_work") is False for r in result.values()):
         print(f"  (no ratio where a side's mean response length differs from TRL's by more than "
               f"{LENGTH_TOLERANCE:.0%}: different work)")
+
+
+def add_arithmetic(result: dict[str, dict], model_dir: Path, batch: tuple[int, int]) -> None:
+    """Each side's achieved GFLOP/s of generation and of the rest of the step (tools/bench_trl/flops.py counts);
+    ``batch``: prompts and group size of a step."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from common import load_tokenizer
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))  # only its shape is read
+    shape = ModelShape.of(model)
+    prompt_len = len(load_tokenizer(model_dir)("3+4=")["input_ids"])
+    for r in result.values():
+        if "gen_cpu_s" not in r:
+            continue
+        work = (*batch, prompt_len, r["response_length"])
+        r.update(gen_gflops=shape.generation(*work) / r["gen_cpu_s"] / 1e9,
+                 update_gflops=shape.update(*work) / max(r["update_cpu_s"], 1e-9) / 1e9)
 
 
 def print_arithmetic(result: dict[str, dict], peak_gflops: float) -> None:
