@@ -53,7 +53,8 @@ Printed: the median seconds per step (the first ``--skip`` steps of a run left
 out) on the wall clock and in process CPU time (with one thread the figure to read on a busy
 machine: what the step computed, not the time the scheduler gave to others), the mean response
 length (each side stops a row at EOS), response tokens per second, process CPU microseconds per
-generated response token (all steps' CPU over all their tokens: tools/bench_trl/speed_table.py), peak RSS of the run's process, and ratios to TRL (wall, CPU, CPU per token).
+generated response token (all steps' CPU over all their tokens: tools/bench_trl/speed_table.py), peak
+RSS of the run's process, and ratios to TRL (wall, CPU, CPU per token).
 Disturbed runs: each round's median wall/CPU ratio is printed beside its CPU s/step and load
 average; with one thread a round above 1.3 (its process was kept off its core by others) is
 flagged and left out of the medians, unless every round of that side was (tools/bench_trl/speed_table.py).
